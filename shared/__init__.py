@@ -1,0 +1,1 @@
+"""What every service shares: the wire protocol, configuration, Redis key names, logging."""

@@ -1,0 +1,108 @@
+"""Typed configuration shared by every service. Frozen dataclasses; addresses as properties.
+
+Every field can come from the command line (flags named as vLLM names them where the meaning
+is the same) or from a `PAGEDSERVE_*` environment variable; see `env_default`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+DEFAULT_MODEL = "smollm2"
+DEFAULT_NAMESPACE = "pagedserve"
+
+
+def env_default(name: str, default: str) -> str:
+    """The value of `PAGEDSERVE_<NAME>` if set, else `default`."""
+    return os.environ.get(f"PAGEDSERVE_{name.upper()}", default)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    block_size: int = 16
+    num_blocks: int | None = None  # None: decided by the workers from the memory below
+    kv_cache_memory: int | None = None  # bytes of KV cache per rank (CPU); None: a default
+    gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + activations + KV
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size & (self.block_size - 1):
+            raise ValueError(f"block_size must be a power of two >= 1, got {self.block_size}")
+        if self.num_blocks is not None and self.num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {self.num_blocks}")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256  # sequences running at once
+    max_num_batched_tokens: int = 2048  # tokens computed in one step
+    max_model_len: int = 2048  # prompt + output tokens of one sequence
+    max_waiting: int = 4096  # waiting requests beyond which new ones are refused
+    policy: str = "fcfs"  # "fcfs" | "priority"
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.policy not in ("fcfs", "priority"):
+            raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            raise ValueError(
+                "without chunked prefill, max_num_batched_tokens "
+                f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model: str = DEFAULT_MODEL  # an alias ("smollm2") or a Hugging Face model directory
+    dtype: str = "auto"  # "auto" | "float32" | "bfloat16" | "float16"
+    max_model_len: int | None = None  # None: the model's own limit
+    served_model_name: str | None = None  # the name clients use; None: `model`
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    tensor_parallel_size: int = 1
+    master_addr: str = "127.0.0.1"  # torch.distributed rendezvous between worker ranks
+    master_port: int = 29555
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {self.tensor_parallel_size}")
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    url: str = "redis://127.0.0.1:6379/0"
+    namespace: str = DEFAULT_NAMESPACE
+
+
+@dataclass(frozen=True)
+class EngineAddressConfig:
+    """Where one engine's scheduler and its workers meet (ZeroMQ)."""
+
+    host: str = "127.0.0.1"
+    plan_port: int = 5555  # scheduler PUB -> workers SUB
+    result_port: int = 5556  # workers PUSH -> scheduler PULL
+
+    @property
+    def plan_bind(self) -> str:
+        return f"tcp://{self.host}:{self.plan_port}"
+
+    @property
+    def result_bind(self) -> str:
+        return f"tcp://{self.host}:{self.result_port}"
+
+    def plan_connect(self, host: str | None = None) -> str:
+        return f"tcp://{host or self.host}:{self.plan_port}"
+
+    def result_connect(self, host: str | None = None) -> str:
+        return f"tcp://{host or self.host}:{self.result_port}"

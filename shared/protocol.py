@@ -1,0 +1,282 @@
+"""The wire protocol: every message between gateway, scheduler and workers, and its codec.
+
+Each message is a frozen dataclass registered under a one-byte tag. `encode` turns a message
+(nested messages, lists and dicts included) into msgpack bytes in which every dataclass is a
+msgpack extension `(tag, [field values in declaration order])`; `decode` rebuilds the exact
+classes. No pickle: an unknown tag or a wrong field count is a `ProtocolError`.
+
+Who sends what:
+
+    gateway   -> scheduler  GenerateRequest, AbortRequest          (Redis streams)
+    scheduler -> gateway    OutputBatch of TokenDelta              (Redis stream per gateway)
+    scheduler -> workers    StepPlan, Shutdown                     (ZeroMQ PUB, every rank)
+    worker    -> scheduler  WorkerHello, StepResult, Heartbeat     (ZeroMQ PUSH -> PULL)
+
+A step plan sends a sequence in full once (`NewSequence`), then only what changed
+(`CachedSequence`), and the ids of sequences whose state the workers should drop.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+
+class ProtocolError(ValueError):
+    """Bytes that do not decode to a known message."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Requests (gateway -> scheduler)
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens for one sequence. Validation with user-facing messages happens in the
+    gateway; `validate()` here is the engine's last line of defence."""
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # -1: all tokens
+    min_p: float = 0.0
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    max_tokens: int = 16
+    min_tokens: int = 0
+    stop_token_ids: tuple[int, ...] = ()
+    eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
+    ignore_eos: bool = False
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0
+
+    def validate(self) -> None:
+        problems = []
+        if self.temperature < 0:
+            problems.append(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            problems.append(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k == 0 or self.top_k < -1:
+            problems.append(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            problems.append(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.repetition_penalty <= 0:
+            problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if self.max_tokens < 1:
+            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            problems.append(
+                f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
+            )
+        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
+            problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if problems:
+            raise ValueError("; ".join(problems))
+
+
+@dataclass(frozen=True, slots=True)
+class GenerateRequest:
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    gateway_id: str = ""  # whose output stream gets the deltas; "" for in-process use
+    arrival_time: float = 0.0  # unix seconds, set by whoever first accepts the request
+    priority: int = 0  # lower runs earlier under the priority policy
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequest:
+    request_ids: list[str]
+    reason: str = "abort"
+
+
+# ---------------------------------------------------------------------------------------------
+# Outputs (scheduler -> gateway)
+
+
+@dataclass(frozen=True, slots=True)
+class TokenDelta:
+    """New tokens of one request since the last delta, and how it finished if it did."""
+
+    request_id: str
+    token_ids: list[int]
+    logprobs: list[float] | None = None  # one per token, when asked for
+    top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, best first
+    finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
+    error: str | None = None  # a message the client may see, with finish_reason "error"
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0  # total so far
+    num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    stop_token_id: int | None = None  # the stop token id that ended it, if any
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class OutputBatch:
+    """Every delta for one gateway from one engine step, in one Redis entry."""
+
+    engine_id: str
+    deltas: list[TokenDelta]
+
+
+# ---------------------------------------------------------------------------------------------
+# Step plans (scheduler -> workers)
+
+
+@dataclass(frozen=True, slots=True)
+class NewSequence:
+    """A sequence the workers have not seen (or have dropped): everything they need."""
+
+    seq_id: str
+    token_ids: list[int]  # every known token: prompt, then outputs so far (on resume)
+    num_prompt_tokens: int
+    num_computed_tokens: int  # tokens whose KV is already cached (prefix-cache hits)
+    num_scheduled_tokens: int  # tokens to compute this step, from num_computed_tokens on
+    block_ids: list[int]  # the whole block table
+    sampling: SamplingParams
+
+
+@dataclass(frozen=True, slots=True)
+class CachedSequence:
+    """A sequence the workers already hold: only what changed since the last plan."""
+
+    seq_id: str
+    new_token_ids: list[int]  # tokens appended since the last plan (last step's sample)
+    new_block_ids: list[int]  # blocks appended to its block table
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class StepPlan:
+    """One engine step. A sequence is sampled when this step reaches its last known token,
+    i.e. `num_computed_tokens + num_scheduled_tokens == len(all its tokens)`."""
+
+    step_id: int
+    new_seqs: list[NewSequence] = field(default_factory=list)
+    cached_seqs: list[CachedSequence] = field(default_factory=list)
+    finished_seq_ids: list[str] = field(default_factory=list)  # drop state (done, aborted)
+    preempted_seq_ids: list[str] = field(default_factory=list)  # drop state (will re-send)
+
+    @property
+    def num_scheduled_tokens(self) -> int:
+        return sum(s.num_scheduled_tokens for s in self.new_seqs) + sum(
+            s.num_scheduled_tokens for s in self.cached_seqs
+        )
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.new_seqs or self.cached_seqs)
+
+
+@dataclass(frozen=True, slots=True)
+class Shutdown:
+    reason: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker messages (worker -> scheduler)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerHello:
+    rank: int
+    world_size: int
+    num_blocks: int  # KV blocks this rank can hold; the scheduler takes the minimum
+    block_size: int
+    max_model_len: int
+    model: str
+    pid: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What rank 0 sampled in one step, one entry per sampled sequence, in the same order."""
+
+    step_id: int
+    seq_ids: list[str]
+    token_ids: list[int]
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    error: str | None = None  # a failed step: every sequence in it is failed with this
+    execute_time_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    sender: str  # "scheduler" or "worker:<rank>"
+    time: float
+    step_id: int = -1
+
+
+# ---------------------------------------------------------------------------------------------
+# Codec
+
+_MESSAGE_TYPES: tuple[type, ...] = (
+    SamplingParams,
+    GenerateRequest,
+    AbortRequest,
+    TokenDelta,
+    OutputBatch,
+    NewSequence,
+    CachedSequence,
+    StepPlan,
+    Shutdown,
+    WorkerHello,
+    StepResult,
+    Heartbeat,
+)
+_TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
+_FIELD_NAMES: dict[type, tuple[str, ...]] = {
+    cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _MESSAGE_TYPES
+}
+# Fields whose msgpack form (a list) must be turned back into a tuple.
+_TUPLE_FIELDS = {SamplingParams: ("stop_token_ids", "eos_token_ids")}
+
+
+def _default(obj: Any) -> msgpack.ExtType:
+    cls = type(obj)
+    tag = _TAG_OF.get(cls)
+    if tag is None:
+        raise ProtocolError(f"cannot encode {cls.__name__}: not a protocol message")
+    values = [getattr(obj, name) for name in _FIELD_NAMES[cls]]
+    return msgpack.ExtType(tag, msgpack.packb(values, default=_default, use_bin_type=True))
+
+
+def _ext_hook(tag: int, data: bytes) -> Any:
+    if not 1 <= tag <= len(_MESSAGE_TYPES):
+        raise ProtocolError(f"unknown message tag {tag}")
+    cls = _MESSAGE_TYPES[tag - 1]
+    values = msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    names = _FIELD_NAMES[cls]
+    if not isinstance(values, list) or len(values) != len(names):
+        raise ProtocolError(f"{cls.__name__} needs {len(names)} fields")
+    kwargs = dict(zip(names, values, strict=True))
+    for name in _TUPLE_FIELDS.get(cls, ()):
+        kwargs[name] = tuple(kwargs[name])
+    return cls(**kwargs)
+
+
+def encode(message: Any) -> bytes:
+    """Serialize a message (or a plain structure holding messages) to msgpack bytes."""
+    return msgpack.packb(message, default=_default, use_bin_type=True)
+
+
+def decode(data: bytes) -> Any:
+    """Inverse of `encode`. Raises `ProtocolError` on anything that is not a valid message."""
+    try:
+        return msgpack.unpackb(data, ext_hook=_ext_hook, raw=False, strict_map_key=False)
+    except ProtocolError:
+        raise
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        raise ProtocolError(f"malformed message: {exc}") from exc
