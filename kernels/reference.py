@@ -1,0 +1,110 @@
+"""Plain-torch twins of the Triton kernels. They are the test oracle for the kernels and the
+attention of the CPU serving path (the `torch` backend), so they are batched, not per-token.
+
+Layouts, shared with the kernels:
+    k_cache, v_cache   [num_blocks, block_size, num_kv_heads, head_dim]   one pair per layer
+    slot_mapping       [num_tokens] int64; slot = block_id * block_size + offset; -1: skip
+    block_tables       [num_seqs, max_blocks_per_seq] int32, padded with any valid block id
+    seq_lens           [num_seqs] int32: tokens in the cache for each sequence after this
+                       step's writes (cached prefix + the new tokens)
+    query_start_loc    [num_seqs + 1] int32: sequence i's new tokens are
+                       query[query_start_loc[i]:query_start_loc[i + 1]] and sit at the last
+                       positions of its context
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def write_kv_cache(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """Store each token's key and value at its slot; tokens with slot -1 are skipped."""
+    num_blocks, block_size, num_kv_heads, head_dim = k_cache.shape
+    keep = slot_mapping >= 0
+    slots = slot_mapping[keep]
+    k_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots] = key[keep].to(
+        k_cache.dtype
+    )
+    v_cache.view(num_blocks * block_size, num_kv_heads, head_dim)[slots] = value[keep].to(
+        v_cache.dtype
+    )
+
+
+def gather_kv(
+    cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks]
+    max_len: int,
+) -> torch.Tensor:  # [B, max_len, Hkv, D]
+    """The first `max_len` cached tokens of every sequence, in position order."""
+    num_blocks_needed = (max_len + cache.shape[1] - 1) // cache.shape[1]
+    blocks = cache[block_tables[:, :num_blocks_needed].long()]  # [B, nb, BS, Hkv, D]
+    batch = blocks.shape[0]
+    return blocks.reshape(batch, -1, cache.shape[2], cache.shape[3])[:, :max_len]
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [B, Hq, D], one new token per sequence
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32, >= 1, including the new token
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Attention of each sequence's newest token over its whole cached context."""
+    batch, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    max_len = int(seq_lens.max())
+    keys = gather_kv(k_cache, block_tables, max_len).float()  # [B, L, Hkv, D]
+    values = gather_kv(v_cache, block_tables, max_len).float()  # [B, L, Hkv, D]
+    q = query.float().view(batch, num_kv_heads, group, head_dim)  # [B, Hkv, G, D]
+    scores = torch.einsum("bkgd,blkd->bkgl", q, keys) * scale  # [B, Hkv, G, L]
+    positions = torch.arange(max_len, device=query.device)
+    valid = positions[None, :] < seq_lens[:, None].long()  # [B, L]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores, dim=-1)
+    out = torch.einsum("bkgl,blkd->bkgd", probs, values)  # [B, Hkv, G, D]
+    return out.reshape(batch, num_heads, head_dim).to(query.dtype)
+
+
+def paged_prefill_attention(
+    query: torch.Tensor,  # [T, Hq, D], the new tokens of every sequence, packed
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    query_start_loc: torch.Tensor,  # [B + 1] int32
+    seq_lens: torch.Tensor,  # [B] int32, cached prefix + new tokens
+    scale: float,
+) -> torch.Tensor:  # [T, Hq, D]
+    """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
+    A decode is the case of one new token, so a mixed batch goes through here whole."""
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads = k_cache.shape[2]
+    group = num_heads // num_kv_heads
+    out = torch.empty_like(query)
+    starts = query_start_loc.tolist()
+    lens = seq_lens.tolist()
+    for i, seq_len in enumerate(lens):
+        start, end = starts[i], starts[i + 1]
+        if start == end:
+            continue
+        num_new = end - start
+        table = block_tables[i : i + 1]
+        keys = gather_kv(k_cache, table, seq_len)[0].float()  # [L, Hkv, D]
+        values = gather_kv(v_cache, table, seq_len)[0].float()  # [L, Hkv, D]
+        q = query[start:end].float().view(num_new, num_kv_heads, group, head_dim)
+        scores = torch.einsum("qkgd,lkd->kgql", q, keys) * scale  # [Hkv, G, Q, L]
+        query_pos = torch.arange(seq_len - num_new, seq_len, device=query.device)
+        key_pos = torch.arange(seq_len, device=query.device)
+        causal = key_pos[None, :] <= query_pos[:, None]  # [Q, L]
+        scores = scores.masked_fill(~causal, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        seq_out = torch.einsum("kgql,lkd->qkgd", probs, values)  # [Q, Hkv, G, D]
+        out[start:end] = seq_out.reshape(num_new, num_heads, head_dim).to(query.dtype)
+    return out
