@@ -101,6 +101,12 @@ class AbortRequest:
 # Outputs (scheduler -> gateway)
 
 
+# TokenDelta.error_code values: what kind of failure, so the gateway can pick the HTTP status.
+ERROR_QUEUE_FULL = "queue_full"  # retryable: 503 with Retry-After
+ERROR_INVALID_REQUEST = "invalid_request"  # the request can never run: 400
+ERROR_ENGINE = "engine_error"  # a worker or engine failure: 500-class, not the client's fault
+
+
 @dataclass(frozen=True, slots=True)
 class TokenDelta:
     """New tokens of one request since the last delta, and how it finished if it did."""
@@ -111,6 +117,7 @@ class TokenDelta:
     top_logprobs: list[list[tuple[int, float]]] | None = None  # per token, best first
     finish_reason: str | None = None  # "stop" | "length" | "abort" | "error"
     error: str | None = None  # a message the client may see, with finish_reason "error"
+    error_code: str | None = None  # ERROR_* below: how the gateway should answer an error
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache

@@ -49,7 +49,7 @@ def make_plan() -> StepPlan:
         make_plan(),
         GenerateRequest("r1", [1, 2], SamplingParams(max_tokens=4), "gw", 1.5, 2),
         AbortRequest(["r1", "r2"], "client disconnected"),
-        OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, 2, 2)]),
+        OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, None, 2, 2)]),
         StepResult(7, ["a", "b"], [10, 11], [-0.5, -1.0], [[[10, -0.5]], [[11, -1.0]]]),
         WorkerHello(0, 2, 100, 16, 2048, "tiny", 42),
         Heartbeat("worker:0", 12.5, 3),

@@ -1,0 +1,87 @@
+"""Status records kept in Redis hashes, readable with plain `redis-cli HGETALL`.
+
+`EngineStatus` lives at `RedisKeys.engine(engine_id)` (refreshed every heartbeat, with a TTL);
+`RequestStatus` at `RedisKeys.request(request_id)` (kept a while after the request finishes).
+Fields are plain strings and numbers, not msgpack, so that people can read them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+ENGINE_STATUS_TTL_S = 15  # an engine whose status is older than this is taken for dead
+GATEWAY_HEARTBEAT_TTL_S = 10  # a gateway whose heartbeat key expired is taken for dead
+REQUEST_STATUS_TTL_S = 24 * 3600
+
+
+@dataclass(frozen=True)
+class EngineStatus:
+    engine_id: str
+    time: float  # unix seconds of this record
+    workers_alive: bool  # every worker rank answered heartbeats recently
+    num_workers: int = 0
+    num_running: int = 0
+    num_waiting: int = 0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    kv_usage: float = 0.0  # fraction of blocks in use
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache (total)
+    prefix_cache_hits: int = 0  # of which found (total)
+    num_preemptions: int = 0  # total
+    num_finished: int = 0  # total
+    num_steps: int = 0  # total
+    model: str = ""
+    pid: int = 0
+
+
+@dataclass(frozen=True)
+class RequestStatus:
+    request_id: str
+    state: str  # queued | running | preempted | finished | aborted | failed
+    gateway_id: str = ""
+    engine_id: str = ""
+    num_prompt_tokens: int = 0
+    num_output_tokens: int = 0
+    queued_at: float = 0.0
+    scheduled_at: float = 0.0
+    first_token_at: float = 0.0
+    finished_at: float = 0.0
+    finish_reason: str = ""
+    error: str = ""
+
+
+def to_fields(record: Any) -> dict[str, str]:
+    """A status record as Redis hash fields (strings; booleans as "1"/"0")."""
+    fields = {}
+    for f in dataclasses.fields(record):
+        value = getattr(record, f.name)
+        fields[f.name] = str(int(value)) if isinstance(value, bool) else str(value)
+    return fields
+
+
+def from_fields(cls: type[T], fields: dict[str | bytes, str | bytes]) -> T:
+    """Inverse of `to_fields`; missing fields take their defaults, unknown ones are ignored,
+    so that records written by an older or newer version still read."""
+    text = {
+        (k.decode() if isinstance(k, bytes) else k): (v.decode() if isinstance(v, bytes) else v)
+        for k, v in fields.items()
+    }
+    kwargs: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name not in text:
+            continue
+        raw = text[f.name]
+        kind = f.type if isinstance(f.type, str) else f.type.__name__
+        if kind == "bool":
+            kwargs[f.name] = raw not in ("0", "", "False", "false")
+        elif kind == "int":
+            kwargs[f.name] = int(float(raw))
+        elif kind == "float":
+            kwargs[f.name] = float(raw)
+        else:
+            kwargs[f.name] = raw
+    return cls(**kwargs)
