@@ -1,0 +1,110 @@
+"""The attention backend contract: what the model runner hands a backend and what it gets back.
+
+The runner builds one `AttentionMetadata` per step (`build_attention_metadata`) and every
+layer's attention reuses it. Layouts are those of `kernels/reference.py`:
+
+    query      [num_tokens, num_heads, head_dim]       the step's new tokens, packed by sequence
+    key, value [num_tokens, num_kv_heads, head_dim]    (this rank's heads only under TP)
+    k_cache, v_cache [num_blocks, block_size, num_kv_heads, head_dim]   one pair per layer
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class AttentionMetadata:
+    """Where this step's tokens go in the paged cache and what each sequence attends to.
+
+    Sequence i's new tokens are query[query_start_loc[i]:query_start_loc[i + 1]]; they sit at
+    the last positions of its context, which after this step's writes is seq_lens[i] tokens
+    long and lives in the blocks block_tables[i] lists (padded with block 0).
+    """
+
+    slot_mapping: torch.Tensor  # [num_tokens] int64; slot = block_id * block_size + offset
+    block_tables: torch.Tensor  # [num_seqs, max_blocks_per_seq] int32
+    seq_lens: torch.Tensor  # [num_seqs] int32, cached prefix + new tokens
+    query_start_loc: torch.Tensor  # [num_seqs + 1] int32
+    is_decode_only: bool  # every sequence has exactly one new token
+    max_seq_len: int
+    max_query_len: int
+
+    @property
+    def num_seqs(self) -> int:
+        return int(self.seq_lens.shape[0])
+
+
+def build_attention_metadata(
+    seq_lens: list[int],
+    query_lens: list[int],
+    block_tables: list[list[int]],
+    block_size: int,
+    device: torch.device,
+) -> AttentionMetadata:
+    """Metadata for sequences with `query_lens[i]` new tokens ending at `seq_lens[i]`."""
+    num_seqs = len(seq_lens)
+    max_blocks = max((len(t) for t in block_tables), default=1) or 1
+    table = torch.zeros((num_seqs, max_blocks), dtype=torch.int32)
+    for i, blocks in enumerate(block_tables):
+        table[i, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+    seq_lens_t = torch.tensor(seq_lens, dtype=torch.int64)
+    query_lens_t = torch.tensor(query_lens, dtype=torch.int64)
+    starts = torch.zeros(num_seqs + 1, dtype=torch.int64)
+    torch.cumsum(query_lens_t, 0, out=starts[1:])
+    # Position of each new token: its sequence's context start plus its index in the chunk.
+    seq_index = torch.repeat_interleave(torch.arange(num_seqs), query_lens_t)
+    offset_in_query = torch.arange(int(starts[-1])) - starts[:-1][seq_index]
+    positions = (seq_lens_t - query_lens_t)[seq_index] + offset_in_query
+    block_ids = table[seq_index, positions // block_size].long()
+    slot_mapping = block_ids * block_size + positions % block_size
+    return AttentionMetadata(
+        slot_mapping=slot_mapping.to(device),
+        block_tables=table.to(device),
+        seq_lens=seq_lens_t.to(torch.int32).to(device),
+        query_start_loc=starts.to(torch.int32).to(device),
+        is_decode_only=all(q == 1 for q in query_lens),
+        max_seq_len=max(seq_lens, default=0),
+        max_query_len=max(query_lens, default=0),
+    )
+
+
+class BaseAttentionBackend(ABC):
+    """Paged attention for one layer.
+
+    Contract of `forward`: first store `key`/`value` of every new token in
+    `k_cache`/`v_cache` at `metadata.slot_mapping` (slot -1: skip), then return, for every new
+    token, causal attention over its sequence's whole context (the cached prefix plus the new
+    tokens up to and including itself), as `[num_tokens, num_heads, head_dim]` in the query's
+    dtype. Heads are grouped: query head h reads kv head h // (num_heads // num_kv_heads).
+    Batches may mix prefill chunks over a cached prefix with single-token decodes;
+    `metadata.is_decode_only` lets a backend take a faster path when every sequence has one
+    new token. A backend holds no per-step state: one instance serves every layer.
+    """
+
+    name: str = "base"
+
+    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+        if num_heads % num_kv_heads:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+
+    @abstractmethod
+    def forward(
+        self,
+        query: torch.Tensor,  # [T, Hq, D]
+        key: torch.Tensor,  # [T, Hkv, D]
+        value: torch.Tensor,  # [T, Hkv, D]
+        k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+        v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, Hq, D]
+        """Write the new K/V into the cache, then attend; see the class docstring."""
