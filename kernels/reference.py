@@ -84,7 +84,7 @@ def paged_prefill_attention(
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole."""
-    num_tokens, num_heads, head_dim = query.shape
+    _, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(query)

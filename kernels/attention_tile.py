@@ -1,0 +1,51 @@
+"""Triton device functions shared by the paged attention kernels: gather one tile of cached
+keys or values through a block table, and the two matmuls of attention with the dtype policy
+of `launch_checks.upcast_for_dot`."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def load_kv_tile(
+    cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
+    block_table_ptr,  # [max_blocks] int32: this sequence's row of the block table
+    positions,  # [TILE_N] int: context positions of the tile's tokens
+    valid,  # [TILE_N] bool: positions < the sequence's key bound
+    kv_head,
+    stride_n,
+    stride_b,
+    stride_h,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    # A tile may span several pages, so block ids are gathered per token: the tile size is
+    # then free of the page size and one iteration moves enough bytes to hide latency.
+    block_ids = tl.load(block_table_ptr + positions // BLOCK_SIZE, mask=valid, other=0)
+    offsets = block_ids.to(tl.int64) * stride_n + (positions % BLOCK_SIZE) * stride_b
+    d = tl.arange(0, HEAD_PAD)
+    ptrs = cache_ptr + offsets[:, None] + kv_head * stride_h + d[None, :]
+    return tl.load(ptrs, mask=valid[:, None] & (d[None, :] < HEAD_DIM), other=0.0)
+
+
+@triton.jit
+def tile_scores(q, k, UPCAST: tl.constexpr):
+    """q [M, D] x k [N, D] -> [M, N] fp32."""
+    if UPCAST:
+        scores = tl.dot(q.to(tl.float32), tl.trans(k.to(tl.float32)), input_precision="ieee")
+    else:
+        scores = tl.dot(q, tl.trans(k))
+    return scores
+
+
+@triton.jit
+def tile_weighted_values(p, v, UPCAST: tl.constexpr):
+    """p [M, N] fp32 x v [N, D] -> [M, D] fp32."""
+    if UPCAST:
+        out = tl.dot(p, v.to(tl.float32), input_precision="ieee")
+    else:
+        out = tl.dot(p.to(v.dtype), v)
+    return out

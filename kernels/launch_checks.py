@@ -1,0 +1,98 @@
+"""Argument checks and launch choices shared by the kernel wrappers.
+
+The wrappers check shapes, dtypes and devices on the host before launching, because a Triton
+kernel given a wrong layout reads out of bounds silently instead of raising."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# tl.dot needs every dimension of a tile >= 16 on NVIDIA GPUs; tl.arange needs powers of two.
+MIN_DOT_DIM = 16
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def check_device(*tensors: torch.Tensor) -> None:
+    """All tensors on one device; a CPU device only under the Triton interpreter."""
+    devices = {t.device for t in tensors}
+    if len(devices) != 1:
+        raise ValueError(f"all tensors must be on one device, got {sorted(map(str, devices))}")
+    device = next(iter(devices))
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise RuntimeError(
+            "Triton kernels on CPU tensors need TRITON_INTERPRET=1 set before kernels are "
+            "imported; use kernels.reference for the CPU serving path"
+        )
+
+
+def check_dtype(name: str, tensor: torch.Tensor) -> None:
+    if tensor.dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"{name} dtype must be one of float32, float16, bfloat16, got {tensor.dtype}"
+        )
+
+
+def check_index(
+    name: str, tensor: torch.Tensor, ndim: int, dtypes: tuple[torch.dtype, ...]
+) -> None:
+    if tensor.dim() != ndim:
+        raise ValueError(f"{name} must have {ndim} dims, got shape {tuple(tensor.shape)}")
+    if tensor.dtype not in dtypes:
+        raise ValueError(f"{name} dtype must be one of {dtypes}, got {tensor.dtype}")
+
+
+def check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
+    """K and V caches [num_blocks, block_size, num_kv_heads, head_dim], same shape and dtype,
+    contiguous in head_dim, block size a power of two >= 16."""
+    if k_cache.dim() != 4:
+        raise ValueError(
+            f"k_cache must be [num_blocks, block_size, num_kv_heads, head_dim], got {tuple(k_cache.shape)}"
+        )
+    if k_cache.shape != v_cache.shape or k_cache.dtype != v_cache.dtype:
+        raise ValueError(
+            f"k_cache {tuple(k_cache.shape)} {k_cache.dtype} and v_cache "
+            f"{tuple(v_cache.shape)} {v_cache.dtype} must match"
+        )
+    check_dtype("k_cache", k_cache)
+    block_size = k_cache.shape[1]
+    if block_size < MIN_DOT_DIM or block_size != next_power_of_2(block_size):
+        raise ValueError(f"block_size must be a power of two >= {MIN_DOT_DIM}, got {block_size}")
+    if k_cache.stride(3) != 1 or v_cache.stride(3) != 1:
+        raise ValueError("k_cache and v_cache must be contiguous in head_dim (stride 1)")
+
+
+def check_query(query: torch.Tensor, k_cache: torch.Tensor) -> None:
+    """query [tokens, num_heads, head_dim] matching the cache's head_dim and dtype, with
+    num_heads a multiple of num_kv_heads."""
+    if query.dim() != 3:
+        raise ValueError(f"query must be [tokens, num_heads, head_dim], got {tuple(query.shape)}")
+    check_dtype("query", query)
+    if query.dtype != k_cache.dtype:
+        raise ValueError(f"query dtype {query.dtype} must match the cache dtype {k_cache.dtype}")
+    num_heads, head_dim = query.shape[1], query.shape[2]
+    num_kv_heads, cache_head_dim = k_cache.shape[2], k_cache.shape[3]
+    if head_dim != cache_head_dim:
+        raise ValueError(f"query head_dim {head_dim} != cache head_dim {cache_head_dim}")
+    if num_heads % num_kv_heads != 0:
+        raise ValueError(f"num_heads {num_heads} must be a multiple of num_kv_heads {num_kv_heads}")
+    if query.stride(2) != 1:
+        raise ValueError("query must be contiguous in head_dim (stride 1)")
+
+
+def upcast_for_dot(tensor: torch.Tensor) -> bool:
+    """Whether the kernels compute tl.dot in fp32. Always on the CPU interpreter, whose bf16
+    dot returns garbage in Triton 3.9; for fp32 data, so that no TF32 rounding happens on GPU.
+    On GPU, fp16/bf16 use the tensor cores with fp32 accumulation."""
+    return tensor.device.type == "cpu" or tensor.dtype == torch.float32
+
+
+def num_multiprocessors(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 1

@@ -1,0 +1,300 @@
+"""Triton kernels: decode attention, one new query token per sequence over its paged context.
+
+Each program owns one (sequence, KV head) pair and the whole group of query heads that share
+that KV head (GQA), so each KV tile is loaded once per group and the group forms the M
+dimension of tl.dot (padded to 16 rows). When the batch is too small to fill the GPU, the
+context is split across programs (flash-decoding): each split writes its normalised partial
+output and log-sum-exp, and `paged_decode_reduce_kernel` merges them.
+Twin: `kernels.reference.paged_decode_attention`."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+from kernels.attention_tile import load_kv_tile, tile_scores, tile_weighted_values
+from kernels.launch_checks import (
+    MIN_DOT_DIM,
+    check_cache,
+    check_device,
+    check_index,
+    check_query,
+    next_power_of_2,
+    num_multiprocessors,
+    upcast_for_dot,
+)
+
+LOG2_E = 1.4426950408889634
+# Tokens per KV tile: a few pages per iteration, and at least one page.
+TILE_TOKENS = 64
+# Split only when fewer programs than this many per SM would run, and keep each split at
+# least this many tiles long so the reduce stays cheap next to the main pass.
+PROGRAMS_PER_SM = 2
+MIN_TILES_PER_SPLIT = 4
+MAX_SPLITS = 32
+
+
+@triton.jit
+def paged_decode_kernel(
+    out_ptr,  # [B, Hq, D]; with SPLIT: partial outputs [B, Hq, S, D] fp32
+    lse_ptr,  # with SPLIT: [B, Hq, S] fp32, log2-sum-exp2 of each split; else unused
+    query_ptr,  # [B, Hq, D], stride 1 in D
+    k_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
+    v_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
+    block_tables_ptr,  # [B, max_blocks] int32
+    seq_lens_ptr,  # [B] int32, >= 1
+    scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
+    tiles_per_split,
+    stride_qb,
+    stride_qh,
+    stride_ob,
+    stride_oh,
+    stride_os,
+    stride_lb,
+    stride_lh,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    stride_bt,
+    GROUP: tl.constexpr,
+    GROUP_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILE_N: tl.constexpr,
+    SPLIT: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+    seq_len = tl.load(seq_lens_ptr + seq)
+    kv_start = 0
+    kv_end = seq_len
+    if SPLIT:
+        kv_start = split * tiles_per_split * TILE_N
+        kv_end = tl.minimum(kv_start + tiles_per_split * TILE_N, seq_len)
+
+    g = tl.arange(0, GROUP_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    heads = kv_head * GROUP + g
+    q_mask = (g[:, None] < GROUP) & (d[None, :] < HEAD_DIM)
+    q = tl.load(
+        query_ptr + seq * stride_qb + heads[:, None] * stride_qh + d[None, :],
+        mask=q_mask,
+        other=0.0,
+    )
+    table_ptr = block_tables_ptr + seq * stride_bt
+
+    m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
+    l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_PAD], dtype=tl.float32)
+    n = tl.arange(0, TILE_N)
+    for tile_start in range(kv_start, kv_end, TILE_N):
+        positions = tile_start + n
+        valid = positions < kv_end
+        k = load_kv_tile(
+            k_cache_ptr,
+            table_ptr,
+            positions,
+            valid,
+            kv_head,
+            stride_kn,
+            stride_kb,
+            stride_kh,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_PAD,
+        )
+        scores = tile_scores(q, k, UPCAST) * scale_log2  # [GROUP_PAD, TILE_N]
+        scores = tl.where(valid[None, :], scores, float("-inf"))
+        # Every tile holds >= 1 valid position, so m_new is finite and alpha well defined.
+        m_new = tl.maximum(m_i, tl.max(scores, 1))
+        p = tl.exp2(scores - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        v = load_kv_tile(
+            v_cache_ptr,
+            table_ptr,
+            positions,
+            valid,
+            kv_head,
+            stride_vn,
+            stride_vb,
+            stride_vh,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_PAD,
+        )
+        acc = acc * alpha[:, None] + tile_weighted_values(p, v, UPCAST)
+        m_i = m_new
+
+    if SPLIT:
+        # A split past the end of a short sequence saw no keys: output 0 with weight 0.
+        has_keys = l_i > 0
+        out = tl.where(has_keys[:, None], acc / tl.where(has_keys, l_i, 1.0)[:, None], 0.0)
+        lse = tl.where(has_keys, m_i + tl.log2(tl.where(has_keys, l_i, 1.0)), float("-inf"))
+        out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + split * stride_os
+        tl.store(out_ptrs + d[None, :], out, mask=q_mask)
+        lse_ptrs = lse_ptr + seq * stride_lb + heads * stride_lh + split
+        tl.store(lse_ptrs, lse, mask=g < GROUP)
+    else:
+        out = acc / l_i[:, None]
+        out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
+
+
+@triton.jit
+def paged_decode_reduce_kernel(
+    out_ptr,  # [B, Hq, D]
+    partial_ptr,  # [B, Hq, S, D] fp32, contiguous
+    lse_ptr,  # [B, Hq, S] fp32, contiguous; -inf for splits without keys
+    stride_ob,
+    stride_oh,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PAD: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+):
+    seq = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    num_heads = tl.num_programs(1)
+    s = tl.arange(0, SPLITS_PAD)
+    d = tl.arange(0, HEAD_PAD)
+    row = seq * num_heads + head
+    lse = tl.load(lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    # Split 0 always holds keys (seq_len >= 1), so the max is finite.
+    weights = tl.exp2(lse - tl.max(lse, 0))  # [SPLITS_PAD]
+    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
+    partial_ptrs = partial_ptr + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :]
+    partial = tl.load(partial_ptrs, mask=mask, other=0.0)  # [SPLITS_PAD, HEAD_PAD]
+    out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
+    out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + d
+    tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
+
+
+def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Flash-decoding heuristic: split the context only when (sequence, KV head) programs
+    alone would leave SMs idle, and only as far as each split keeps MIN_TILES_PER_SPLIT
+    tiles of work."""
+    num_programs = num_seqs * num_kv_heads
+    target = num_sms * PROGRAMS_PER_SM
+    if num_programs >= target:
+        return 1
+    num_tiles = math.ceil(max_seq_len / TILE_TOKENS)
+    by_work = num_tiles // MIN_TILES_PER_SPLIT
+    by_occupancy = math.ceil(target / num_programs)
+    return max(1, min(by_work, by_occupancy, MAX_SPLITS))
+
+
+def check_decode_args(
+    query: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+) -> None:
+    check_device(query, k_cache, v_cache, block_tables, seq_lens)
+    check_cache(k_cache, v_cache)
+    check_query(query, k_cache)
+    check_index("block_tables", block_tables, 2, (torch.int32,))
+    check_index("seq_lens", seq_lens, 1, (torch.int32,))
+    num_seqs = query.shape[0]
+    if block_tables.shape[0] != num_seqs or seq_lens.shape[0] != num_seqs:
+        raise ValueError(
+            f"block_tables rows {block_tables.shape[0]} and seq_lens {seq_lens.shape[0]} must "
+            f"equal the number of sequences {num_seqs}"
+        )
+    if block_tables.stride(1) != 1:
+        raise ValueError("block_tables must be contiguous in its last dim")
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [B, Hq, D], one new token per sequence
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32, >= 1, including the new token
+    scale: float,
+    *,
+    num_splits: int | None = None,
+    max_seq_len: int | None = None,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Attention of each sequence's newest token over its whole cached context.
+
+    `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
+    flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
+    device sync the heuristic otherwise needs. seq_lens must be >= 1 and fit the block table
+    (not checked on device: that would sync)."""
+    check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    if num_splits is not None and num_splits < 1:
+        raise ValueError(f"num_splits must be >= 1, got {num_splits}")
+    num_seqs, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    out = torch.empty_like(query)
+    if num_seqs == 0:
+        return out
+    if num_splits is None:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        num_sms = num_multiprocessors(query.device)
+        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
+    group = num_heads // num_kv_heads
+    tile_n = max(TILE_TOKENS, block_size)
+    split = num_splits > 1
+    if split:
+        if max_seq_len is None:
+            max_seq_len = int(seq_lens.max())
+        tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
+        partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=query.device)
+        lse = torch.empty(num_seqs, num_heads, num_splits, device=query.device)
+        target, target_strides = partial, partial.stride()[:3]
+        lse_strides = lse.stride()[:2]
+    else:
+        tiles_per_split = 0
+        target, lse = out, out  # lse unused without SPLIT
+        target_strides = (*out.stride()[:2], 0)
+        lse_strides = (0, 0)
+    paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
+        target,
+        lse,
+        query,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        scale * LOG2_E,
+        tiles_per_split,
+        *query.stride()[:2],
+        *target_strides,
+        *lse_strides,
+        *k_cache.stride()[:3],
+        *v_cache.stride()[:3],
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size,
+        TILE_N=tile_n,
+        SPLIT=split,
+        UPCAST=upcast_for_dot(query),
+    )
+    if split:
+        paged_decode_reduce_kernel[(num_seqs, num_heads)](
+            out,
+            partial,
+            lse,
+            *out.stride()[:2],
+            NUM_SPLITS=num_splits,
+            SPLITS_PAD=next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+            HEAD_PAD=next_power_of_2(head_dim),
+        )
+    return out
