@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ()
+SUBCOMMANDS: tuple[str, ...] = ("queue",)
 
 
 def build_parser() -> argparse.ArgumentParser:
