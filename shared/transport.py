@@ -1,0 +1,165 @@
+"""Typed ZeroMQ sockets between one scheduler and its workers, carrying `shared.protocol`
+messages encoded with `encode` / `decode` (msgpack, never pickle).
+
+    scheduler  PlanPublisher (PUB, bind)   --plans, heartbeats, Shutdown-->  PlanSubscriber (SUB)
+    scheduler  ResultPuller  (PULL, bind)  <--hello, results, heartbeats--  ResultPusher   (PUSH)
+
+Every socket has LINGER 0 (closing never hangs on unsent messages). The plan publisher has
+SNDHWM 0 (no high-water mark): a PUB socket silently drops messages for a subscriber whose
+queue is full, and a dropped plan would desynchronise a worker, so the queue is unbounded
+instead. PUB/SUB has a slow-joiner gap (a subscriber misses what was published before its
+subscription reached the publisher); the handshake closes it: the scheduler publishes a
+heartbeat every second, and a worker says hello only after it has *received* one, so no plan is
+published before every worker can see it.
+
+This is the one module of `shared/` that imports pyzmq. `AsyncResultPuller` and
+`AsyncPlanPublisher` are for the scheduler's asyncio loop; the worker uses the blocking ones.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from shared.protocol import ProtocolError, decode, encode
+
+
+class TransportError(RuntimeError):
+    """A message of the wrong type arrived where a protocol message was expected."""
+
+
+def _configure(socket: zmq.Socket, *, sndhwm: int | None = None) -> None:
+    socket.setsockopt(zmq.LINGER, 0)
+    if sndhwm is not None:
+        socket.setsockopt(zmq.SNDHWM, sndhwm)
+
+
+def _decode(frame: bytes) -> Any:
+    try:
+        return decode(frame)
+    except ProtocolError as exc:
+        raise TransportError(f"undecodable message ({len(frame)} bytes): {exc}") from exc
+
+
+class _Endpoint:
+    """One socket of a given type, bound or connected, closed with its owner."""
+
+    def __init__(
+        self,
+        context: zmq.Context,
+        socket_type: int,
+        address: str,
+        *,
+        bind: bool,
+        sndhwm: int | None = None,
+    ) -> None:
+        self.address = address
+        self.socket = context.socket(socket_type)
+        _configure(self.socket, sndhwm=sndhwm)
+        if socket_type == zmq.SUB:
+            self.socket.setsockopt(zmq.SUBSCRIBE, b"")
+        try:
+            if bind:
+                self.socket.bind(address)
+            else:
+                self.socket.connect(address)
+        except zmq.ZMQError as exc:
+            self.socket.close(linger=0)
+            verb = "bind" if bind else "connect"
+            raise TransportError(f"cannot {verb} {address}: {exc}") from exc
+
+    @property
+    def endpoint(self) -> str:
+        """The address actually bound or connected (resolves a `tcp://host:*` wildcard port)."""
+        return self.socket.getsockopt(zmq.LAST_ENDPOINT).decode()
+
+    def close(self) -> None:
+        self.socket.close(linger=0)
+
+    def __enter__(self) -> _Endpoint:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# Blocking sockets (workers, tests)
+
+
+class _BlockingSender(_Endpoint):
+    def send(self, message: Any) -> None:
+        self.socket.send(encode(message), copy=False)
+
+
+class _BlockingReceiver(_Endpoint):
+    def recv(self, timeout_s: float | None = None) -> Any | None:
+        """The next message, or None if none arrives within `timeout_s` (None: wait forever)."""
+        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        if not self.socket.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return _decode(self.socket.recv(copy=True))
+
+
+class PlanPublisher(_BlockingSender):
+    """Scheduler side of the plan channel (PUB, binds)."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        super().__init__(context, zmq.PUB, address, bind=True, sndhwm=0)
+
+
+class PlanSubscriber(_BlockingReceiver):
+    """Worker side of the plan channel (SUB to everything, connects)."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        super().__init__(context, zmq.SUB, address, bind=False)
+        self.socket.setsockopt(zmq.RCVHWM, 0)
+
+
+class ResultPusher(_BlockingSender):
+    """Worker side of the result channel (PUSH, connects). SNDHWM 0: a result is never
+    dropped or blocked on while the scheduler is briefly away."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        super().__init__(context, zmq.PUSH, address, bind=False, sndhwm=0)
+
+
+class ResultPuller(_BlockingReceiver):
+    """Scheduler side of the result channel (PULL, binds), blocking flavour."""
+
+    def __init__(self, context: zmq.Context, address: str) -> None:
+        super().__init__(context, zmq.PULL, address, bind=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# asyncio sockets (the scheduler)
+
+
+class AsyncPlanPublisher(_Endpoint):
+    """`PlanPublisher` on an asyncio context. PUB with no high-water mark never blocks, so
+    `send` is a plain call."""
+
+    def __init__(self, context: zmq.asyncio.Context, address: str) -> None:
+        super().__init__(context, zmq.PUB, address, bind=True, sndhwm=0)
+
+    def send(self, message: Any) -> None:
+        # With NOBLOCK the asyncio socket sends at once and returns a finished future.
+        future = self.socket.send(encode(message), flags=zmq.NOBLOCK, copy=False)
+        if future.done() and future.exception() is not None:
+            raise TransportError(f"send on {self.address} failed: {future.exception()}")
+
+
+class AsyncResultPuller(_Endpoint):
+    """`ResultPuller` on an asyncio context."""
+
+    def __init__(self, context: zmq.asyncio.Context, address: str) -> None:
+        super().__init__(context, zmq.PULL, address, bind=True)
+
+    async def recv(self, timeout_s: float | None = None) -> Any | None:
+        """The next message, or None if none arrives within `timeout_s` (None: wait forever)."""
+        timeout_ms = None if timeout_s is None else max(0, int(timeout_s * 1000))
+        if not await self.socket.poll(timeout_ms, zmq.POLLIN):
+            return None
+        return _decode(await self.socket.recv(copy=True))
