@@ -1,0 +1,157 @@
+"""The physical KV blocks: reference counts, an LRU free queue and the prefix-cache map.
+
+A block is free when no block table holds it (`ref_count == 0`). A free block keeps its hash,
+so its KV can still be reused by a request with the same prefix, until it is evicted: taken
+from the head of the free queue for new data, which drops the hash. Freed blocks go to the
+tail, so the least recently freed cached block is evicted first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+
+@dataclass(slots=True, eq=False)
+class KVBlock:
+    block_id: int
+    ref_count: int = 0
+    block_hash: int | None = None  # set once the block is full and cached
+    prev_free: KVBlock | None = None  # links of the free queue; None when not in it
+    next_free: KVBlock | None = None
+
+
+class FreeBlockQueue:
+    """A doubly linked list threaded through the blocks themselves.
+
+    Why not a deque: a prefix-cache hit on a free block must take that block out of the middle
+    of the queue, which a deque does in O(n). Here it is O(1), with no allocation per op.
+    Two sentinels remove every empty-list branch.
+    """
+
+    def __init__(self, blocks: Iterable[KVBlock]) -> None:
+        self._head = KVBlock(block_id=-1)
+        self._tail = KVBlock(block_id=-2)
+        self._head.next_free = self._tail
+        self._tail.prev_free = self._head
+        self.num_free_blocks = 0
+        for block in blocks:
+            self.append(block)
+
+    def popleft(self) -> KVBlock:
+        block = self._head.next_free
+        if block is self._tail or block is None:
+            raise IndexError("no free block")
+        self.remove(block)
+        return block
+
+    def remove(self, block: KVBlock) -> None:
+        prev, nxt = block.prev_free, block.next_free
+        if prev is None or nxt is None:
+            raise ValueError(f"block {block.block_id} is not in the free queue")
+        prev.next_free = nxt
+        nxt.prev_free = prev
+        block.prev_free = block.next_free = None
+        self.num_free_blocks -= 1
+
+    def append(self, block: KVBlock) -> None:
+        if block.prev_free is not None or block.next_free is not None:
+            raise ValueError(f"block {block.block_id} is already in the free queue")
+        last = self._tail.prev_free
+        assert last is not None
+        last.next_free = block
+        block.prev_free = last
+        block.next_free = self._tail
+        self._tail.prev_free = block
+        self.num_free_blocks += 1
+
+    def __iter__(self) -> Iterator[KVBlock]:
+        block = self._head.next_free
+        while block is not None and block is not self._tail:
+            yield block
+            block = block.next_free
+
+    def check_links(self) -> list[KVBlock]:
+        """Walk both ways and assert the links agree; returns the blocks head to tail."""
+        forward = list(self)
+        backward = []
+        block = self._tail.prev_free
+        while block is not None and block is not self._head:
+            backward.append(block)
+            block = block.prev_free
+        ids = [b.block_id for b in forward]
+        assert forward == backward[::-1], f"free queue links disagree: forward {ids}"
+        assert len(forward) == self.num_free_blocks, (
+            f"free queue holds {len(forward)} blocks but counts {self.num_free_blocks}"
+        )
+        return forward
+
+
+class BlockPool:
+    """Owns every block. Callers hold blocks through `get_new_blocks` / `touch` and give them
+    back with `free_blocks`; refcounts say how many block tables hold each block."""
+
+    def __init__(self, num_blocks: int, enable_prefix_caching: bool = True) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_blocks must be >= 1, got {num_blocks}")
+        self.num_blocks = num_blocks
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
+        self.free_queue = FreeBlockQueue(self.blocks)
+        self.cached_blocks: dict[int, KVBlock] = {}  # block hash -> block holding that KV
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.free_queue.num_free_blocks
+
+    def get_cached_block(self, block_hash: int) -> KVBlock | None:
+        return self.cached_blocks.get(block_hash)
+
+    def get_new_blocks(self, num_blocks: int) -> list[KVBlock]:
+        """Take `num_blocks` blocks from the head of the free queue (evicting their cached KV),
+        each with refcount 1. All or nothing."""
+        if num_blocks > self.free_queue.num_free_blocks:
+            raise ValueError(
+                f"asked for {num_blocks} blocks but only {self.num_free_blocks} are free"
+            )
+        new_blocks = []
+        for _ in range(num_blocks):
+            block = self.free_queue.popleft()
+            self._evict(block)
+            block.ref_count = 1
+            new_blocks.append(block)
+        return new_blocks
+
+    def touch(self, blocks: Iterable[KVBlock]) -> None:
+        """Take one more reference on each block (a prefix-cache hit)."""
+        for block in blocks:
+            if block.ref_count == 0:
+                self.free_queue.remove(block)
+            block.ref_count += 1
+
+    def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
+        """Drop one reference on each block, in the order given: blocks reaching zero join the
+        tail of the free queue in that order, so pass the ones to evict first first."""
+        for block in blocks:
+            if block.ref_count < 1:
+                raise ValueError(f"block {block.block_id} freed more often than taken")
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                self.free_queue.append(block)
+
+    def cache_full_block(self, block: KVBlock, block_hash: int) -> None:
+        """Record that `block` holds the KV of a full block with this hash. If another block
+        already holds the same KV, keep that one: this block stays uncached."""
+        if not self.enable_prefix_caching or block.block_hash is not None:
+            return
+        if block_hash in self.cached_blocks:
+            return
+        block.block_hash = block_hash
+        self.cached_blocks[block_hash] = block
+
+    def _evict(self, block: KVBlock) -> None:
+        if block.block_hash is None:
+            return
+        if self.cached_blocks.get(block.block_hash) is block:
+            del self.cached_blocks[block.block_hash]
+        block.block_hash = None

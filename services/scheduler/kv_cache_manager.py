@@ -1,0 +1,128 @@
+"""Block tables of requests on top of the block pool: prefix-cache lookups, all-or-nothing
+allocation, caching full blocks as they fill, and freeing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from services.scheduler.block_pool import BlockPool, KVBlock
+from services.scheduler.request import Request
+
+
+class KVCacheManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.pool = BlockPool(num_blocks, enable_prefix_caching)
+        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
+        self.prefix_cache_queries = 0  # tokens looked up
+        self.prefix_cache_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.pool.num_free_blocks
+
+    def num_blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest cached prefix of `request`'s full blocks, and how many tokens it covers.
+
+        Never the whole sequence: at least one token is left to compute so that the step has
+        logits to sample from. Takes no references; `allocate_slots` does.
+        """
+        if not self.enable_prefix_caching:
+            return [], 0
+        max_hit_blocks = (request.num_tokens - 1) // self.block_size
+        self._extend_hashes(request, max_hit_blocks)
+        hit_blocks = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.pool.get_cached_block(block_hash)
+            if block is None:
+                break
+            hit_blocks.append(block)
+        num_hit_tokens = len(hit_blocks) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_hit_tokens
+        return hit_blocks, num_hit_tokens
+
+    def can_allocate(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
+    ) -> bool:
+        return self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks) is not None
+
+    def allocate_slots(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
+    ) -> list[KVBlock] | None:
+        """Extend the request's table to hold `num_computed_tokens` + the hit blocks +
+        `num_new_tokens`. Returns the blocks appended (hits first), or None, having changed
+        nothing, when not every needed block is free."""
+        num_new_blocks = self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks)
+        if num_new_blocks is None:
+            return None
+        table = self.req_to_blocks.setdefault(request.request_id, [])
+        self.pool.touch(new_computed_blocks)
+        appended = list(new_computed_blocks)
+        if num_new_blocks:
+            appended += self.pool.get_new_blocks(num_new_blocks)
+        table.extend(appended)
+        if new_computed_blocks:
+            # Hit blocks are already in the cache map: do not hash them again.
+            cached = self._num_cached_blocks.get(request.request_id, 0)
+            self._num_cached_blocks[request.request_id] = cached + len(new_computed_blocks)
+        return appended
+
+    def cache_blocks(self, request: Request) -> None:
+        """Put every block of the table that `num_computed_tokens` has filled in the cache."""
+        if not self.enable_prefix_caching:
+            return
+        num_full = request.num_computed_tokens // self.block_size
+        rid = request.request_id
+        num_cached = self._num_cached_blocks.get(rid, 0)
+        if num_full <= num_cached:
+            return
+        table = self.req_to_blocks[rid]
+        num_full = min(num_full, len(table))
+        self._extend_hashes(request, num_full)
+        for i in range(num_cached, num_full):
+            self.pool.cache_full_block(table[i], request.block_hashes[i])
+        self._num_cached_blocks[rid] = num_full
+
+    def free(self, request: Request) -> None:
+        """Give back the request's blocks, last block first, so that a request's tail blocks
+        (the least likely to be shared) are evicted before its prefix."""
+        table = self.req_to_blocks.pop(request.request_id, None)
+        self._num_cached_blocks.pop(request.request_id, None)
+        if table:
+            self.pool.free_blocks(reversed(table))
+
+    def _num_blocks_to_take(
+        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock]
+    ) -> int | None:
+        table = self.req_to_blocks.get(request.request_id, ())
+        num_tokens = (
+            request.num_computed_tokens
+            + len(new_computed_blocks) * self.block_size
+            + num_new_tokens
+        )
+        num_new_blocks = max(
+            0, self.num_blocks_for(num_tokens) - len(table) - len(new_computed_blocks)
+        )
+        # A hit on a free cached block takes it out of the free queue too.
+        num_reused_free = sum(1 for b in new_computed_blocks if b.ref_count == 0)
+        if num_new_blocks + num_reused_free > self.pool.num_free_blocks:
+            return None
+        return num_new_blocks
+
+    def _extend_hashes(self, request: Request, num_blocks: int) -> None:
+        hashes = request.block_hashes
+        tokens = request.all_token_ids
+        size = self.block_size
+        while len(hashes) < num_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(tokens[i * size : (i + 1) * size]))))

@@ -1,0 +1,73 @@
+"""The scheduler's state for one request (== one sequence: seq_id is the request id)."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from shared.protocol import GenerateRequest, SamplingParams
+
+
+class RequestStatus(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    """Tokens, progress and timeline of one request.
+
+    `num_computed_tokens` counts tokens whose KV is cached or scheduled to be computed (it is
+    advanced when a step is planned, as in vLLM, so a second plan never recomputes them).
+    `num_sent_tokens` / `num_sent_blocks` count what the workers already hold, so a plan sends
+    only what changed.
+    """
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling: SamplingParams
+    priority: int
+    arrival_time: float
+    arrival_index: int  # tie-breaker: order of acceptance by this scheduler
+    gateway_id: str = ""
+    all_token_ids: list[int] = field(default_factory=list)
+    num_prompt_tokens: int = 0
+    num_computed_tokens: int = 0
+    num_cached_tokens: int = -1  # prefix-cache hit at first scheduling; -1: not yet scheduled
+    num_sent_tokens: int = 0
+    num_sent_blocks: int = 0
+    status: RequestStatus = RequestStatus.WAITING
+    scheduled_step_id: int = -1  # the last plan that scheduled it
+    num_preemptions: int = 0
+    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None
+
+    @classmethod
+    def from_generate(cls, request: GenerateRequest, arrival_index: int, now: float) -> Request:
+        return cls(
+            request_id=request.request_id,
+            prompt_token_ids=list(request.prompt_token_ids),
+            sampling=request.sampling,
+            priority=request.priority,
+            arrival_time=request.arrival_time or now,
+            arrival_index=arrival_index,
+            gateway_id=request.gateway_id,
+            all_token_ids=list(request.prompt_token_ids),
+            num_prompt_tokens=len(request.prompt_token_ids),
+        )
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.all_token_ids)
+
+    @property
+    def num_output_tokens(self) -> int:
+        return len(self.all_token_ids) - self.num_prompt_tokens
+
+    @property
+    def output_token_ids(self) -> list[int]:
+        return self.all_token_ids[self.num_prompt_tokens :]

@@ -1,0 +1,405 @@
+"""The continuous-batching scheduler: which sequences run each step, and what the workers are
+told. Four verbs as in vLLM v1: `add_request`, `schedule`, `update_from_output`,
+`abort_requests`; plus `preempt_all` for a worker restart.
+
+Each step runs the running sequences first (one decode token each, or the next chunk of a
+partially prefilled prompt), then admits waiting ones (prefix-cache hits first), within
+`max_num_seqs` and `max_num_batched_tokens`. A running sequence that needs a block when none is
+free preempts the newest running sequence (itself, if it is the newest): its blocks are freed
+and it goes back to the head of the waiting queue, to be recomputed later. A plan is never
+sent without every block it needs already allocated.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable
+
+from services.scheduler.errors import RequestRejectedError
+from services.scheduler.integrity_checker import check_integrity
+from services.scheduler.kv_cache_manager import KVCacheManager
+from services.scheduler.request import Request, RequestStatus
+from services.scheduler.request_queue import make_request_queue
+from services.scheduler.stats import SchedulerStats
+from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, check_stop
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import (
+    ERROR_ENGINE,
+    CachedSequence,
+    GenerateRequest,
+    NewSequence,
+    StepPlan,
+    StepResult,
+    TokenDelta,
+)
+
+logger = logging.getLogger(__name__)
+
+RUNNING = RequestStatus.RUNNING
+
+
+class Scheduler:
+    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+        if cache_config.num_blocks is None:
+            raise ValueError("cache_config.num_blocks must be set (the workers report it)")
+        self.config = scheduler_config
+        self.block_size = cache_config.block_size
+        self.num_blocks = cache_config.num_blocks
+        self.kv = KVCacheManager(
+            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+        )
+        self.waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
+        self.running: list[Request] = []  # in admission order: the newest is last
+        self.requests: dict[str, Request] = {}  # every live (waiting or running) request
+        self.finished_requests: deque[Request] = deque(maxlen=4096)  # timelines, for metrics
+        self._finished_ids: list[str] = []  # for the next plan
+        self._preempted_ids: list[str] = []  # for the next plan
+        self._next_step_id = 0
+        self._next_arrival_index = 0
+        self._num_preemptions = 0
+        self._num_finished = 0
+        self._num_aborted = 0
+        self._num_steps = 0
+        self._prefix_cache_queries = 0
+        self._prefix_cache_hits = 0
+
+    # -- requests in and out -------------------------------------------------------------------
+
+    def add_request(self, request: GenerateRequest) -> None:
+        """Queue a request. Raises `RequestRejectedError` if it can never run here, or
+        `QueueFullError` (retryable) if the waiting queue is at `max_waiting`."""
+        self._validate(request)
+        state = Request.from_generate(request, self._next_arrival_index, time.time())
+        self.waiting.add_request(state)
+        self._next_arrival_index += 1
+        self.requests[state.request_id] = state
+
+    def abort_requests(self, request_ids: Iterable[str], reason: str = "abort") -> list[TokenDelta]:
+        """Finish the given requests now (unknown ids are ignored), freeing their blocks."""
+        deltas = []
+        for request_id in request_ids:
+            request = self.requests.get(request_id)
+            if request is None:
+                continue
+            if request.status is RUNNING:
+                self.running.remove(request)
+            else:
+                self.waiting.remove(request)
+            logger.debug("abort %s: %s", request_id, reason)
+            self._num_aborted += 1
+            deltas.append(self._finish(request, FINISH_ABORT))
+        return deltas
+
+    def preempt_all(self) -> int:
+        """The workers lost their state: every running sequence goes back to the head of the
+        waiting queue, in its order, to be sent in full and recomputed. Returns how many."""
+        victims, self.running = self.running, []
+        for request in reversed(victims):
+            self._preempt(request)
+        return len(victims)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def get_request(self, request_id: str) -> Request | None:
+        return self.requests.get(request_id)
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def schedule(self) -> StepPlan:
+        step_id = self._next_step_id
+        self._next_step_id += 1
+        num_preempted_before = self._num_preemptions
+        token_budget = self.config.max_num_batched_tokens
+        cached_seqs, token_budget = self._schedule_running(step_id, token_budget)
+        new_seqs: list[NewSequence] = []
+        # Admitting while preempting would only thrash: the freed blocks go to the running.
+        if self._num_preemptions == num_preempted_before:
+            new_seqs = self._schedule_waiting(step_id, token_budget)
+        new_ids = {s.seq_id for s in new_seqs}
+        plan = StepPlan(
+            step_id=step_id,
+            new_seqs=new_seqs,
+            cached_seqs=cached_seqs,
+            finished_seq_ids=self._finished_ids,
+            # A NewSequence replaces whatever a worker holds under its id.
+            preempted_seq_ids=[i for i in self._preempted_ids if i not in new_ids],
+        )
+        self._finished_ids, self._preempted_ids = [], []
+        return plan
+
+    def update_from_output(self, plan: StepPlan, result: StepResult) -> list[TokenDelta]:
+        """Apply what the workers sampled for `plan`; returns one delta per sequence that got
+        a token or finished. Sequences aborted or preempted since the plan are skipped."""
+        if result.step_id != plan.step_id:
+            raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
+        self._num_steps += 1
+        scheduled = self._live_scheduled(plan)
+        if result.error is not None:
+            deltas = [
+                self._finish(r, FINISH_ERROR, error=result.error, error_code=ERROR_ENGINE)
+                for r in scheduled
+            ]
+            self._drop_finished_from_running()
+            return deltas
+        for request in scheduled:
+            self.kv.cache_blocks(request)
+        deltas = self._apply_samples(plan.step_id, result)
+        deltas += self._fail_unsampled(scheduled)
+        self._drop_finished_from_running()
+        return deltas
+
+    # -- scheduling helpers -------------------------------------------------------------------
+
+    def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
+        cached_seqs: list[CachedSequence] = []
+        i = 0
+        while i < len(self.running) and token_budget > 0:
+            request = self.running[i]
+            num_new = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            if num_new <= 0:  # its sample is still in flight
+                i += 1
+                continue
+            if not self._allocate_or_preempt(request, num_new, i):
+                continue  # it preempted itself; running[i] is now the next one
+            token_budget -= num_new
+            cached_seqs.append(self._cached_seq(request, num_new, step_id))
+            i += 1
+        return cached_seqs, token_budget
+
+    def _allocate_or_preempt(self, request: Request, num_new: int, first_unscheduled: int) -> bool:
+        while self.kv.allocate_slots(request, num_new) is None:
+            victim = self._pick_victim(first_unscheduled)
+            self.running.remove(victim)
+            self._preempt(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _pick_victim(self, first_unscheduled: int) -> Request:
+        if self.config.policy == "priority":
+            candidates = self.running[first_unscheduled:]
+            return max(candidates, key=lambda r: (r.priority, r.arrival_index))
+        return self.running[-1]
+
+    def _preempt(self, request: Request) -> None:
+        self.kv.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_sent_tokens = 0
+        request.num_sent_blocks = 0
+        request.num_preemptions += 1
+        self._num_preemptions += 1
+        self.waiting.push_front(request)
+        self._preempted_ids.append(request.request_id)
+
+    def _schedule_waiting(self, step_id: int, token_budget: int) -> list[NewSequence]:
+        new_seqs: list[NewSequence] = []
+        while self.waiting and token_budget > 0 and len(self.running) < self.config.max_num_seqs:
+            request = self.waiting.peek()
+            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if num_new > token_budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = token_budget
+            if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+                break  # head-of-line: later requests do not overtake it
+            self.waiting.pop()
+            self._admit(request, num_hit)
+            token_budget -= num_new
+            new_seqs.append(self._new_seq(request, num_new, step_id))
+        return new_seqs
+
+    def _admit(self, request: Request, num_hit: int) -> None:
+        request.status = RUNNING
+        request.num_computed_tokens = num_hit
+        self._prefix_cache_queries += request.num_tokens
+        self._prefix_cache_hits += num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.time()
+        self.running.append(request)
+
+    def _new_seq(self, request: Request, num_new: int, step_id: int) -> NewSequence:
+        block_ids = self.kv.get_block_ids(request.request_id)
+        seq = NewSequence(
+            seq_id=request.request_id,
+            token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
+            block_ids=block_ids,
+            sampling=request.sampling,
+        )
+        self._mark_sent(request, num_new, len(block_ids), step_id)
+        return seq
+
+    def _cached_seq(self, request: Request, num_new: int, step_id: int) -> CachedSequence:
+        table = self.kv.req_to_blocks[request.request_id]
+        seq = CachedSequence(
+            seq_id=request.request_id,
+            new_token_ids=request.all_token_ids[request.num_sent_tokens :],
+            new_block_ids=[b.block_id for b in table[request.num_sent_blocks :]],
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
+        )
+        self._mark_sent(request, num_new, len(table), step_id)
+        return seq
+
+    @staticmethod
+    def _mark_sent(request: Request, num_new: int, num_blocks: int, step_id: int) -> None:
+        request.num_sent_tokens = request.num_tokens
+        request.num_sent_blocks = num_blocks
+        request.num_computed_tokens += num_new
+        request.scheduled_step_id = step_id
+
+    # -- output helpers ----------------------------------------------------------------------
+
+    def _live_scheduled(self, plan: StepPlan) -> list[Request]:
+        live = []
+        for seq in (*plan.new_seqs, *plan.cached_seqs):
+            request = self.requests.get(seq.seq_id)
+            if (
+                request is not None
+                and request.status is RUNNING
+                and request.scheduled_step_id == plan.step_id
+            ):
+                live.append(request)
+        return live
+
+    def _apply_samples(self, step_id: int, result: StepResult) -> list[TokenDelta]:
+        deltas = []
+        now = time.time()
+        for i, (seq_id, token_id) in enumerate(zip(result.seq_ids, result.token_ids, strict=True)):
+            request = self.requests.get(seq_id)
+            if request is None or request.status is not RUNNING:
+                continue  # aborted or preempted since the plan
+            if request.scheduled_step_id != step_id or request.num_computed_tokens != (
+                request.num_tokens
+            ):
+                logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
+                continue
+            request.all_token_ids.append(token_id)
+            if request.first_token_time is None:
+                request.first_token_time = now
+            deltas.append(self._token_delta(request, token_id, i, result))
+        return deltas
+
+    def _token_delta(
+        self, request: Request, token_id: int, index: int, result: StepResult
+    ) -> TokenDelta:
+        reason, is_stop_token = check_stop(request, token_id, self.config.max_model_len)
+        token_ids = [] if is_stop_token else [token_id]
+        logprobs = top_logprobs = None
+        if request.sampling.logprobs is not None and result.logprobs is not None:
+            logprobs = [] if is_stop_token else [result.logprobs[index]]
+            if result.top_logprobs is not None:
+                top_logprobs = [] if is_stop_token else [result.top_logprobs[index]]
+        if reason is not None:
+            return self._finish(
+                request,
+                reason,
+                token_ids=token_ids,
+                logprobs=logprobs,
+                top_logprobs=top_logprobs,
+                stop_token_id=token_id if is_stop_token else None,
+            )
+        return TokenDelta(
+            request.request_id,
+            token_ids,
+            logprobs,
+            top_logprobs,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+        )
+
+    def _fail_unsampled(self, scheduled: list[Request]) -> list[TokenDelta]:
+        """A sequence whose step reached its last token must get one; without it, it would
+        wait forever. Fail it loudly instead."""
+        return [
+            self._finish(
+                r,
+                FINISH_ERROR,
+                error=f"the worker returned no token for {r.request_id} in step "
+                f"{r.scheduled_step_id}",
+                error_code=ERROR_ENGINE,
+            )
+            for r in scheduled
+            if r.status is RUNNING and r.num_computed_tokens == r.num_tokens
+        ]
+
+    def _finish(self, request: Request, reason: str, **delta_fields) -> TokenDelta:
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = time.time()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self.finished_requests.append(request)
+        self._finished_ids.append(request.request_id)
+        self._num_finished += 1
+        delta_fields.setdefault("token_ids", [])
+        return TokenDelta(
+            request.request_id,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            **delta_fields,
+        )
+
+    def _drop_finished_from_running(self) -> None:
+        if any(r.status is not RUNNING for r in self.running):
+            self.running = [r for r in self.running if r.status is RUNNING]
+
+    # -- validation, stats, invariants -----------------------------------------------------------
+
+    def _validate(self, request: GenerateRequest) -> None:
+        rid = request.request_id
+        if rid in self.requests:
+            raise RequestRejectedError(f"request id {rid!r} is already in use")
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt == 0:
+            raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
+        try:
+            request.sampling.validate()
+        except ValueError as exc:
+            raise RequestRejectedError(f"request {rid!r}: invalid sampling params: {exc}") from exc
+        max_tokens = request.sampling.max_tokens
+        max_len = self.config.max_model_len
+        if num_prompt + max_tokens > max_len:
+            raise RequestRejectedError(
+                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                f"exceeds max_model_len ({max_len})"
+            )
+        num_blocks = self.kv.num_blocks_for(num_prompt + max_tokens)
+        if num_blocks > self.num_blocks:
+            raise RequestRejectedError(
+                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+                f"needs {num_blocks} KV blocks of {self.block_size} tokens but the whole cache "
+                f"has {self.num_blocks}"
+            )
+
+    def stats(self) -> SchedulerStats:
+        num_free = self.kv.num_free_blocks
+        return SchedulerStats(
+            num_running=len(self.running),
+            num_waiting=len(self.waiting),
+            num_free_blocks=num_free,
+            num_total_blocks=self.num_blocks,
+            kv_usage=1.0 - num_free / self.num_blocks,
+            prefix_cache_queries=self._prefix_cache_queries,
+            prefix_cache_hits=self._prefix_cache_hits,
+            num_preemptions=self._num_preemptions,
+            num_finished=self._num_finished,
+            num_aborted=self._num_aborted,
+            num_steps=self._num_steps,
+        )
+
+    def check_integrity(self) -> None:
+        """Raise AssertionError naming the first broken invariant. O(blocks + requests)."""
+        check_integrity(self)

@@ -1,0 +1,118 @@
+"""Builders for scheduler tests, and a fake worker that checks plans against a simulated KV
+cache: every slot remembers which token was written there, so a step that would read a
+position whose KV is missing or was overwritten (a bad prefix hit, a block evicted while in
+use) fails the test."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from services.scheduler.scheduler import Scheduler
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
+
+
+def make_scheduler(
+    num_blocks: int = 8,
+    block_size: int = 4,
+    max_num_seqs: int = 16,
+    max_num_batched_tokens: int = 64,
+    max_model_len: int = 64,
+    max_waiting: int = 100,
+    policy: str = "fcfs",
+    enable_prefix_caching: bool = True,
+    enable_chunked_prefill: bool = True,
+) -> Scheduler:
+    return Scheduler(
+        SchedulerConfig(
+            max_num_seqs=max_num_seqs,
+            max_num_batched_tokens=max_num_batched_tokens,
+            max_model_len=max_model_len,
+            max_waiting=max_waiting,
+            policy=policy,
+            enable_chunked_prefill=enable_chunked_prefill,
+        ),
+        CacheConfig(
+            block_size=block_size,
+            num_blocks=num_blocks,
+            enable_prefix_caching=enable_prefix_caching,
+        ),
+    )
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: list[int] | int,
+    max_tokens: int = 4,
+    priority: int = 0,
+    **sampling: object,
+) -> GenerateRequest:
+    if isinstance(prompt_token_ids, int):
+        prompt_token_ids = [100 + i for i in range(prompt_token_ids)]
+    return GenerateRequest(
+        request_id=request_id,
+        prompt_token_ids=prompt_token_ids,
+        sampling=SamplingParams(max_tokens=max_tokens, **sampling),
+        priority=priority,
+    )
+
+
+@dataclass
+class _SeqState:
+    token_ids: list[int]
+    block_ids: list[int]
+
+
+@dataclass
+class FakeWorker:
+    """Applies plans like a worker would and answers with hand-chosen tokens."""
+
+    num_blocks: int
+    block_size: int
+    seqs: dict[str, _SeqState] = field(default_factory=dict)
+    slots: dict[int, int] = field(default_factory=dict)  # slot -> token written there
+
+    def execute(
+        self, plan: StepPlan, next_token: Callable[[str], int] = lambda seq_id: 7
+    ) -> StepResult:
+        for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
+            self.seqs.pop(seq_id, None)
+        for new in plan.new_seqs:
+            self.seqs[new.seq_id] = _SeqState(list(new.token_ids), list(new.block_ids))
+        for cached in plan.cached_seqs:
+            state = self.seqs[cached.seq_id]  # KeyError: a delta for a sequence never sent
+            state.token_ids += cached.new_token_ids
+            state.block_ids += cached.new_block_ids
+        sampled = []
+        for s in (*plan.new_seqs, *plan.cached_seqs):
+            if self._compute(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens):
+                sampled.append(s.seq_id)
+        return StepResult(plan.step_id, sampled, [next_token(i) for i in sampled])
+
+    def _compute(self, seq_id: str, num_computed: int, num_scheduled: int) -> bool:
+        state = self.seqs[seq_id]
+        end = num_computed + num_scheduled
+        assert num_scheduled >= 1 and end <= len(state.token_ids), (seq_id, num_computed, end)
+        assert len(state.block_ids) * self.block_size >= end, f"{seq_id}: table too short"
+        assert all(0 <= b < self.num_blocks for b in state.block_ids)
+        for pos in range(num_computed):  # the context it attends to must be intact
+            got = self.slots.get(self._slot(state, pos))
+            assert got == state.token_ids[pos], f"{seq_id}: KV at {pos} is {got}"
+        for pos in range(num_computed, end):
+            self.slots[self._slot(state, pos)] = state.token_ids[pos]
+        return end == len(state.token_ids)
+
+    def _slot(self, state: _SeqState, pos: int) -> int:
+        return state.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size
+
+
+def run_step(
+    scheduler: Scheduler, worker: FakeWorker, next_token: Callable[[str], int] = lambda _: 7
+) -> tuple[StepPlan, list]:
+    plan = scheduler.schedule()
+    scheduler.check_integrity()
+    result = worker.execute(plan, next_token)
+    deltas = scheduler.update_from_output(plan, result)
+    scheduler.check_integrity()
+    return plan, deltas
