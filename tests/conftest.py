@@ -9,3 +9,23 @@ os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+# Tiny random models (tests/fixtures/tiny_models.py), built once per session.
+import pytest
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory: pytest.TempPathFactory):
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-llama"), "llama")
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory: pytest.TempPathFactory):
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    return build_tiny_model(
+        tmp_path_factory.mktemp("tiny-qwen2"), "qwen2", tie_word_embeddings=True
+    )

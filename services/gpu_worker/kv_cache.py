@@ -1,0 +1,45 @@
+"""KV cache allocation: one (K, V) pair per layer, `[num_blocks, block_size, num_kv_heads,
+head_dim]`, and how many blocks fit in the memory budget."""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: room for ~20k tokens of the default model in fp32
+
+
+def block_bytes(
+    num_layers: int, block_size: int, num_kv_heads: int, head_dim: int, dtype: torch.dtype
+) -> int:
+    """Bytes one block takes over every layer, K and V."""
+    element = torch.empty((), dtype=dtype).element_size()
+    return 2 * num_layers * block_size * num_kv_heads * head_dim * element
+
+
+def num_blocks_for_bytes(budget: int, bytes_per_block: int) -> int:
+    num_blocks = budget // bytes_per_block
+    if num_blocks < 1:
+        raise ValueError(
+            f"KV cache budget of {budget} bytes holds no block (one block needs "
+            f"{bytes_per_block} bytes): raise kv_cache_memory or gpu_memory_utilization"
+        )
+    return num_blocks
+
+
+def allocate_kv_caches(
+    num_layers: int,
+    num_blocks: int,
+    block_size: int,
+    num_kv_heads: int,
+    head_dim: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    shape = (num_blocks, block_size, num_kv_heads, head_dim)
+    return [
+        (
+            torch.zeros(shape, dtype=dtype, device=device),
+            torch.zeros(shape, dtype=dtype, device=device),
+        )
+        for _ in range(num_layers)
+    ]

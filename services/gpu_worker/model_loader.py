@@ -1,0 +1,75 @@
+"""Build a model from a Hugging Face directory: config.json plus safetensors (one file or
+shards listed by model.safetensors.index.json), loaded tensor by tensor with a progress bar."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+from transformers import AutoConfig, PretrainedConfig
+
+from services.gpu_worker.attention.base import BaseAttentionBackend
+from services.gpu_worker.models import get_model_cls
+from services.gpu_worker.models.llama import LlamaForCausalLM
+
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
+def load_config(model_dir: Path) -> PretrainedConfig:
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"{model_dir} has no config.json")
+    return AutoConfig.from_pretrained(model_dir)
+
+
+def safetensors_files(model_dir: Path) -> list[Path]:
+    index = model_dir / SAFETENSORS_INDEX
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        files = sorted({model_dir / name for name in weight_map.values()})
+    else:
+        files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"{model_dir} holds no *.safetensors weights")
+    missing = [str(f) for f in files if not f.is_file()]
+    if missing:
+        raise FileNotFoundError(f"{SAFETENSORS_INDEX} names missing shard(s): {missing}")
+    return files
+
+
+def iterate_weights(
+    files: list[Path], dtype: torch.dtype, show_progress: bool = True
+) -> Iterator[tuple[str, torch.Tensor]]:
+    for path in tqdm(files, desc="loading weights", unit="file", disable=not show_progress):
+        with safe_open(str(path), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
+                yield name, handle.get_tensor(name).to(dtype)
+
+
+def load_model(
+    model_dir: Path,
+    backend_cls: type[BaseAttentionBackend],
+    dtype: torch.dtype,
+    device: torch.device,
+    show_progress: bool = True,
+) -> LlamaForCausalLM:
+    """The model with every weight loaded; a missing or unknown weight is an error naming it."""
+    config = load_config(model_dir)
+    model_cls = get_model_cls(
+        list(getattr(config, "architectures", None) or []), getattr(config, "model_type", "")
+    )
+    default_dtype = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = model_cls(config, backend_cls)
+    finally:
+        torch.set_default_dtype(default_dtype)
+    loaded = model.load_weights(iterate_weights(safetensors_files(model_dir), dtype, show_progress))
+    missing = sorted(model.expected_weights() - loaded)
+    if missing:
+        raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
+    return model.eval()

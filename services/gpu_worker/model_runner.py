@@ -1,0 +1,240 @@
+"""The model runner: applies step plans to its sequence table, runs one forward over every
+scheduled token and samples on rank 0.
+
+`execute(plan)` is the whole contract: drop finished and preempted sequences, add new ones
+(full state), apply deltas to cached ones, compute `token_ids[num_computed : num_computed +
+num_scheduled]` of every scheduled sequence in one packed batch, and sample each sequence whose
+step reaches its last known token. Rank 0 returns a `StepResult` in plan order (new_seqs, then
+cached_seqs, sampled ones only); other ranks return None.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from services.gpu_worker.attention.base import build_attention_metadata
+from services.gpu_worker.attention.selector import get_attention_backend_cls
+from services.gpu_worker.kv_cache import (
+    DEFAULT_CPU_KV_CACHE_BYTES,
+    allocate_kv_caches,
+    block_bytes,
+    num_blocks_for_bytes,
+)
+from services.gpu_worker.model_loader import load_model
+from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
+from services.gpu_worker.sampler import SamplingRow, sample
+from services.gpu_worker.sequence_state import SequenceState
+from shared.config import CacheConfig
+from shared.model_files import resolve_model_dir
+from shared.protocol import StepPlan, StepResult
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def cpu_supports_bf16() -> bool:
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """ "auto": bf16 on CUDA and on CPUs with native bf16, else float32."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
+    return DTYPES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class _StepInputs:
+    token_ids: torch.Tensor  # [T]
+    positions: torch.Tensor  # [T]
+    sampled: list[SequenceState]
+    sample_index: torch.Tensor  # [S] rows of the hidden states to sample from
+
+
+class ModelRunner:
+    """One rank's model, KV cache and sequence table. Call `init_tensor_parallel` first when
+    world size > 1."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        cache_config: CacheConfig | None = None,
+        max_model_len: int | None = None,
+        dtype: str | torch.dtype = "auto",
+        device: str | torch.device | None = None,
+        attention_backend: str = "auto",
+        max_num_batched_tokens: int = 2048,
+        show_progress: bool = True,
+    ) -> None:
+        cache_config = cache_config or CacheConfig()
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device.index or get_tp_rank())
+        else:
+            torch.set_num_threads(os.cpu_count() or 1)
+        self.dtype = resolve_dtype(dtype, self.device)
+        self.rank, self.world_size = get_tp_rank(), get_tp_world_size()
+        self.model_dir = resolve_model_dir(str(model))
+        backend_cls = get_attention_backend_cls(attention_backend, self.device)
+        self.model = load_model(
+            self.model_dir, backend_cls, self.dtype, self.device, show_progress and self.rank == 0
+        )
+        config = self.model.config
+        self.vocab_size = config.vocab_size
+        self.max_model_len = min(
+            max_model_len or config.max_position_embeddings, config.max_position_embeddings
+        )
+        self.block_size = cache_config.block_size
+        self.num_blocks = self._decide_num_blocks(cache_config, max_num_batched_tokens)
+        self.kv_caches = allocate_kv_caches(
+            len(self.model.layers),
+            self.num_blocks,
+            self.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            self.dtype,
+            self.device,
+        )
+        self.seqs: dict[str, SequenceState] = {}
+
+    # ------------------------------------------------------------------ KV cache sizing
+
+    def _block_bytes(self) -> int:
+        return block_bytes(
+            len(self.model.layers),
+            self.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            self.dtype,
+        )
+
+    def _decide_num_blocks(self, cache_config: CacheConfig, max_num_batched_tokens: int) -> int:
+        if cache_config.num_blocks is not None:
+            return cache_config.num_blocks
+        if self.device.type == "cuda":
+            return self._profile_cuda_num_blocks(cache_config, max_num_batched_tokens)
+        budget = cache_config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+        return num_blocks_for_bytes(budget, self._block_bytes())
+
+    @torch.inference_mode()
+    def _profile_cuda_num_blocks(self, cache_config: CacheConfig, num_tokens: int) -> int:
+        """Run the largest step on a throwaway cache; what the peak leaves under the
+        utilisation cap becomes KV cache."""
+        num_tokens = min(num_tokens, self.max_model_len)
+        num_blocks = -(-num_tokens // self.block_size)
+        self.kv_caches = allocate_kv_caches(
+            len(self.model.layers),
+            num_blocks,
+            self.block_size,
+            self.model.num_kv_heads,
+            self.model.head_dim,
+            self.dtype,
+            self.device,
+        )
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(self.device)
+        metadata = build_attention_metadata(
+            [num_tokens], [num_tokens], [list(range(num_blocks))], self.block_size, self.device
+        )
+        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
+        positions = torch.arange(num_tokens, device=self.device)
+        hidden = self.model(ids, positions, self.kv_caches, metadata)
+        self.model.compute_logits(hidden[-1:])
+        torch.cuda.synchronize(self.device)
+        peak = torch.cuda.max_memory_allocated(self.device)
+        throwaway = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
+        del self.kv_caches, hidden
+        torch.cuda.empty_cache()
+        total = torch.cuda.get_device_properties(self.device).total_memory
+        budget = int(total * cache_config.gpu_memory_utilization) - (peak - throwaway)
+        return num_blocks_for_bytes(budget, self._block_bytes())
+
+    # ------------------------------------------------------------------ steps
+
+    def _apply_plan(self, plan: StepPlan) -> list[SequenceState]:
+        for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
+            self.seqs.pop(seq_id, None)
+        scheduled: list[SequenceState] = []
+        for new in plan.new_seqs:
+            state = SequenceState.from_new(new)
+            self.seqs[new.seq_id] = state
+            scheduled.append(state)
+        for delta in plan.cached_seqs:
+            state = self.seqs.get(delta.seq_id)
+            if state is None:
+                raise ValueError(f"step {plan.step_id}: unknown cached sequence {delta.seq_id}")
+            state.apply(delta)
+            scheduled.append(state)
+        for state in scheduled:
+            state.validate(self.block_size, self.max_model_len)
+        return scheduled
+
+    def _prepare(self, scheduled: list[SequenceState]) -> tuple[_StepInputs, object]:
+        token_ids: list[int] = []
+        positions: list[int] = []
+        sampled: list[SequenceState] = []
+        sample_rows: list[int] = []
+        for state in scheduled:
+            token_ids.extend(state.scheduled_token_ids())
+            positions.extend(range(state.num_computed_tokens, state.seq_len_after_step))
+            if state.is_sampled:
+                sampled.append(state)
+                sample_rows.append(len(token_ids) - 1)
+        metadata = build_attention_metadata(
+            [s.seq_len_after_step for s in scheduled],
+            [s.num_scheduled_tokens for s in scheduled],
+            [s.block_ids for s in scheduled],
+            self.block_size,
+            self.device,
+        )
+        inputs = _StepInputs(
+            token_ids=torch.tensor(token_ids, dtype=torch.long, device=self.device),
+            positions=torch.tensor(positions, dtype=torch.long, device=self.device),
+            sampled=sampled,
+            sample_index=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
+        )
+        return inputs, metadata
+
+    @torch.inference_mode()
+    def execute(self, plan: StepPlan) -> StepResult | None:
+        """Run one step plan; see the module docstring."""
+        start = time.perf_counter()
+        scheduled = self._apply_plan(plan)
+        if not scheduled:
+            return StepResult(plan.step_id, [], []) if self.rank == 0 else None
+        inputs, metadata = self._prepare(scheduled)
+        hidden = self.model(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
+            return StepResult(plan.step_id, [], []) if self.rank == 0 else None
+        logits = self.model.compute_logits(hidden[inputs.sample_index])  # all ranks: gather
+        if self.rank != 0 or logits is None:
+            return None
+        rows = [
+            SamplingRow(
+                s.sampling, s.token_ids[: s.num_prompt_tokens], s.token_ids[s.num_prompt_tokens :]
+            )
+            for s in inputs.sampled
+        ]
+        out = sample(logits, rows) if rows else None
+        return StepResult(
+            step_id=plan.step_id,
+            seq_ids=[s.seq_id for s in inputs.sampled],
+            token_ids=out.token_ids if out else [],
+            logprobs=out.logprobs if out else None,
+            top_logprobs=out.top_logprobs if out else None,
+            execute_time_s=time.perf_counter() - start,
+        )

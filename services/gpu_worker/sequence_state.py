@@ -1,0 +1,66 @@
+"""What a worker remembers of each sequence between step plans (the plan sends deltas)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shared.protocol import CachedSequence, NewSequence, SamplingParams
+
+
+@dataclass(slots=True)
+class SequenceState:
+    seq_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    block_ids: list[int]
+    sampling: SamplingParams
+    num_computed_tokens: int = 0
+    num_scheduled_tokens: int = 0
+
+    @classmethod
+    def from_new(cls, seq: NewSequence) -> SequenceState:
+        return cls(
+            seq_id=seq.seq_id,
+            token_ids=list(seq.token_ids),
+            num_prompt_tokens=seq.num_prompt_tokens,
+            block_ids=list(seq.block_ids),
+            sampling=seq.sampling,
+            num_computed_tokens=seq.num_computed_tokens,
+            num_scheduled_tokens=seq.num_scheduled_tokens,
+        )
+
+    def apply(self, delta: CachedSequence) -> None:
+        self.token_ids.extend(delta.new_token_ids)
+        self.block_ids.extend(delta.new_block_ids)
+        self.num_computed_tokens = delta.num_computed_tokens
+        self.num_scheduled_tokens = delta.num_scheduled_tokens
+
+    @property
+    def seq_len_after_step(self) -> int:
+        return self.num_computed_tokens + self.num_scheduled_tokens
+
+    @property
+    def is_sampled(self) -> bool:
+        """This step reaches the last known token, so it produces the next one."""
+        return self.seq_len_after_step == len(self.token_ids)
+
+    def scheduled_token_ids(self) -> list[int]:
+        return self.token_ids[self.num_computed_tokens : self.seq_len_after_step]
+
+    def validate(self, block_size: int, max_model_len: int) -> None:
+        """A plan that would read or write outside this sequence's blocks is a bug upstream."""
+        end = self.seq_len_after_step
+        if self.num_scheduled_tokens < 1 or end > len(self.token_ids):
+            raise ValueError(
+                f"sequence {self.seq_id}: scheduled tokens [{self.num_computed_tokens}, {end}) "
+                f"must be non-empty and within its {len(self.token_ids)} known tokens"
+            )
+        if end > len(self.block_ids) * block_size:
+            raise ValueError(
+                f"sequence {self.seq_id}: {end} tokens need {-(-end // block_size)} blocks, "
+                f"its block table has {len(self.block_ids)}"
+            )
+        if end > max_model_len:
+            raise ValueError(
+                f"sequence {self.seq_id}: {end} tokens exceed max_model_len {max_model_len}"
+            )
