@@ -1,0 +1,157 @@
+"""`LLMEngine`: the scheduler core and one model runner in one process, for offline
+generation, tests and benchmarks. No Redis, no ZeroMQ: `step()` is schedule -> execute ->
+update_from_output, exactly the loop the scheduler process runs against remote workers."""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from services.gpu_worker.default_model import ensure_model
+from services.gpu_worker.model_runner import ModelRunner
+from services.scheduler.scheduler import Scheduler
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import GenerateRequest, SamplingParams, TokenDelta
+
+
+@dataclass(slots=True)
+class GenerationResult:
+    """Everything one request produced, assembled from its deltas."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    token_ids: list[int] = dataclasses.field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    finish_reason: str | None = None
+    error: str | None = None
+    num_cached_tokens: int = 0
+    text: str | None = None  # decoded output, when the engine has a tokenizer
+
+    def add(self, delta: TokenDelta) -> None:
+        self.token_ids.extend(delta.token_ids)
+        if delta.logprobs is not None:
+            self.logprobs = (self.logprobs or []) + delta.logprobs
+        if delta.top_logprobs is not None:
+            self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
+        self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        if delta.finished:
+            self.finish_reason, self.error = delta.finish_reason, delta.error
+
+
+class LLMEngine:
+    def __init__(
+        self,
+        model: str | Path,
+        scheduler_config: SchedulerConfig | None = None,
+        cache_config: CacheConfig | None = None,
+        dtype: str | torch.dtype = "auto",
+        device: str | None = None,
+        attention_backend: str = "auto",
+        show_progress: bool = False,
+    ) -> None:
+        scheduler_config = scheduler_config or SchedulerConfig()
+        cache_config = cache_config or CacheConfig()
+        self.model_dir = ensure_model(model)
+        self.runner = ModelRunner(
+            self.model_dir,
+            cache_config,
+            max_model_len=scheduler_config.max_model_len,
+            dtype=dtype,
+            device=device,
+            attention_backend=attention_backend,
+            max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
+            show_progress=show_progress,
+        )
+        if scheduler_config.max_model_len > self.runner.max_model_len:
+            scheduler_config = dataclasses.replace(
+                scheduler_config, max_model_len=self.runner.max_model_len
+            )
+        cache_config = dataclasses.replace(cache_config, num_blocks=self.runner.num_blocks)
+        self.scheduler = Scheduler(scheduler_config, cache_config)
+        self.tokenizer = self._load_tokenizer()
+        self.eos_token_ids = self._eos_token_ids()
+        self._ids = itertools.count()
+
+    def _load_tokenizer(self) -> Any | None:
+        if (
+            not (self.model_dir / "tokenizer.json").is_file()
+            and not (self.model_dir / "tokenizer_config.json").is_file()
+        ):
+            return None
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(self.model_dir)
+
+    def _eos_token_ids(self) -> tuple[int, ...]:
+        eos = getattr(self.runner.model.config, "eos_token_id", None)
+        generation = self.model_dir / "generation_config.json"
+        if generation.is_file():
+            import json
+
+            eos = json.loads(generation.read_text()).get("eos_token_id", eos)
+        if eos is None:
+            return ()
+        return tuple(eos) if isinstance(eos, list) else (int(eos),)
+
+    # ------------------------------------------------------------------ requests
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise ValueError(
+                    f"{self.model_dir} has no tokenizer: pass prompts as token id lists"
+                )
+            return list(self.tokenizer.encode(prompt))
+        return list(prompt)
+
+    def add_request(self, request: GenerateRequest) -> None:
+        """Queue a request; empty `eos_token_ids` are filled with the model's own."""
+        if not request.sampling.eos_token_ids and self.eos_token_ids:
+            sampling = dataclasses.replace(request.sampling, eos_token_ids=self.eos_token_ids)
+            request = dataclasses.replace(request, sampling=sampling)
+        self.scheduler.add_request(request)
+
+    def step(self) -> list[TokenDelta]:
+        """One scheduling step and its forward; the deltas it produced."""
+        plan = self.scheduler.schedule()
+        if plan.is_empty:
+            # Finished/preempted ids still have to reach the runner so it drops their state.
+            self.runner.execute(plan)
+            return []
+        result = self.runner.execute(plan)
+        assert result is not None  # a single-process engine is rank 0
+        return self.scheduler.update_from_output(plan, result)
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def generate(
+        self,
+        prompts: list[str] | list[list[int]],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+    ) -> list[GenerationResult]:
+        """Run every prompt to completion as one continuous batch; results in prompt order."""
+        sampling = sampling or SamplingParams()
+        params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
+        if len(params) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        results: dict[str, GenerationResult] = {}
+        for prompt, sp in zip(prompts, params, strict=True):
+            request_id = f"gen-{next(self._ids)}"
+            token_ids = self.encode(prompt)
+            results[request_id] = GenerationResult(request_id, token_ids)
+            self.add_request(GenerateRequest(request_id, token_ids, sp))
+        while self.has_unfinished_requests():
+            for delta in self.step():
+                if delta.request_id in results:
+                    results[delta.request_id].add(delta)
+        if self.tokenizer is not None:
+            for result in results.values():
+                result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+        return list(results.values())
