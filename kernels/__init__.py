@@ -34,6 +34,7 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Triton `reference.paged_decode_attention`; see `kernels.paged_decode`."""
     from kernels.paged_decode import paged_decode_attention as launch
@@ -47,6 +48,7 @@ def paged_decode_attention(
         scale,
         num_splits=num_splits,
         max_seq_len=max_seq_len,
+        out=out,
     )
 
 
@@ -60,6 +62,7 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Triton `reference.paged_prefill_attention`; see `kernels.paged_prefill`."""
     from kernels.paged_prefill import paged_prefill_attention as launch
@@ -73,6 +76,7 @@ def paged_prefill_attention(
         seq_lens,
         scale,
         max_query_len=max_query_len,
+        out=out,
     )
 
 

@@ -96,3 +96,17 @@ def num_multiprocessors(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.get_device_properties(device).multi_processor_count
     return 1
+
+
+def output_like(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """`out` checked against the query's shape, dtype and device, or a new tensor."""
+    if out is None:
+        return torch.empty_like(query)
+    if out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+        raise ValueError(
+            f"out must be {tuple(query.shape)} {query.dtype} on {query.device}, got "
+            f"{tuple(out.shape)} {out.dtype} on {out.device}"
+        )
+    if out.stride(2) != 1:
+        raise ValueError("out must be contiguous in head_dim (stride 1)")
+    return out

@@ -24,6 +24,7 @@ from kernels.launch_checks import (
     check_query,
     next_power_of_2,
     num_multiprocessors,
+    output_like,
     upcast_for_dot,
 )
 
@@ -193,6 +194,16 @@ def choose_num_splits(num_seqs: int, num_kv_heads: int, max_seq_len: int, num_sm
     return max(1, min(by_work, by_occupancy, MAX_SPLITS))
 
 
+def split_buffers(
+    num_seqs: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Partial outputs [B, Hq, S, D] and log2-sum-exp2 [B, Hq, S], fp32, contiguous; every
+    element is written by the split pass."""
+    partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=device)
+    lse = torch.empty(num_seqs, num_heads, num_splits, device=device)
+    return partial, lse
+
+
 def check_decode_args(
     query: torch.Tensor,
     k_cache: torch.Tensor,
@@ -225,19 +236,21 @@ def paged_decode_attention(
     *,
     num_splits: int | None = None,
     max_seq_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each sequence's newest token over its whole cached context.
 
     `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
     flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
-    device sync the heuristic otherwise needs. seq_lens must be >= 1 and fit the block table
+    device sync the heuristic otherwise needs. `out`, if given, receives the result.
+    seq_lens must be >= 1 and fit the block table
     (not checked on device: that would sync)."""
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     num_seqs, num_heads, head_dim = query.shape
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    out = torch.empty_like(query)
+    out = output_like(query, out)
     if num_seqs == 0:
         return out
     if num_splits is None:
@@ -252,8 +265,7 @@ def paged_decode_attention(
         if max_seq_len is None:
             max_seq_len = int(seq_lens.max())
         tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
-        partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=query.device)
-        lse = torch.empty(num_seqs, num_heads, num_splits, device=query.device)
+        partial, lse = split_buffers(num_seqs, num_heads, num_splits, head_dim, query.device)
         target, target_strides = partial, partial.stride()[:3]
         lse_strides = lse.stride()[:2]
     else:

@@ -22,6 +22,7 @@ from kernels.launch_checks import (
     check_index,
     check_query,
     next_power_of_2,
+    output_like,
     upcast_for_dot,
 )
 
@@ -183,16 +184,18 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole. The new
     tokens' keys and values must already be in the cache. `max_query_len` (the longest chunk)
-    saves the device sync that sizing the grid otherwise needs."""
+    saves the device sync that sizing the grid otherwise needs; `out`, if given, receives
+    the result."""
     check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    out = torch.empty_like(query)
+    out = output_like(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
     if max_query_len is None:
