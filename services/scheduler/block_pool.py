@@ -149,6 +149,12 @@ class BlockPool:
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block: the KV they held is gone (the workers restarted)."""
+        for block in self.cached_blocks.values():
+            block.block_hash = None
+        self.cached_blocks.clear()
+
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return

@@ -98,6 +98,8 @@ class Scheduler:
         victims, self.running = self.running, []
         for request in reversed(victims):
             self._preempt(request)
+        # The workers' KV is gone with their state, so no cached block may be hit any more.
+        self.kv.pool.reset_prefix_cache()
         return len(victims)
 
     def has_unfinished_requests(self) -> bool:

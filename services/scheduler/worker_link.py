@@ -1,0 +1,254 @@
+"""The scheduler's side of the ZeroMQ link to its worker ranks: handshake, liveness, plans out,
+results in.
+
+An *epoch* is one view of the workers in which every rank has said hello and holds sequence
+state that matches the scheduler's. The link heartbeats as `Heartbeat("scheduler:<epoch>")`;
+a worker that sees a new epoch drops its sequences and says hello (see
+`services/gpu_worker/worker_loop.py`). The link is *ready* once every rank has said hello in the
+current epoch and is still heartbeating.
+
+A rank is *lost* when it has not heartbeated for `worker_timeout_s`, or when it says hello again
+while ready (it restarted, or dropped its state after losing us). Losing a rank fails the step
+in flight (`wait_result` returns None) and `lost_reason` says why; the engine loop then
+preempts everything and calls `new_epoch()`, and every rank starts again from empty state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import dataclass
+
+import zmq.asyncio
+
+from shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
+from shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 1.0
+HANDSHAKE_HEARTBEAT_INTERVAL_S = 0.2  # faster while waiting for hellos: quicker attach
+RECEIVE_POLL_S = 0.25
+
+
+@dataclass(slots=True)
+class RankState:
+    last_seen: float = 0.0  # monotonic time of its last message
+    hello: WorkerHello | None = None  # its hello in the current epoch
+
+
+class WorkerLink:
+    def __init__(
+        self,
+        plan_address: str,
+        result_address: str,
+        world_size: int,
+        block_size: int,
+        worker_timeout_s: float = 10.0,
+    ) -> None:
+        self.plan_address = plan_address
+        self.result_address = result_address
+        self.world_size = world_size
+        self.block_size = block_size
+        self.worker_timeout_s = worker_timeout_s
+        self.epoch = uuid.uuid4().hex[:12]
+        self.ranks = [RankState() for _ in range(world_size)]
+        self.min_num_blocks = 0  # a rank holding fewer blocks than this is refused
+        self.lost_reason: str | None = None
+        self.last_step_id = -1
+        self._ready = asyncio.Event()
+        self._result_waiter: tuple[int, asyncio.Future[StepResult | None]] | None = None
+        self._context = zmq.asyncio.Context()
+        self._publisher: AsyncPlanPublisher | None = None
+        self._puller: AsyncResultPuller | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Bind both sockets (raises TransportError if a port is taken) and start heartbeating."""
+        self._publisher = AsyncPlanPublisher(self._context, self.plan_address)
+        self._puller = AsyncResultPuller(self._context, self.result_address)
+        self._tasks = [
+            asyncio.create_task(self._heartbeat_forever(), name="scheduler-heartbeat"),
+            asyncio.create_task(self._receive_forever(), name="worker-receive"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for socket in (self._publisher, self._puller):
+            if socket is not None:
+                socket.close()
+        self._context.term()
+
+    # -- state -----------------------------------------------------------------------------------
+
+    @property
+    def is_ready(self) -> bool:
+        return self._ready.is_set()
+
+    @property
+    def hellos(self) -> list[WorkerHello]:
+        return [r.hello for r in self.ranks if r.hello is not None]
+
+    @property
+    def num_blocks(self) -> int:
+        """KV blocks every rank can hold: the minimum over the current hellos."""
+        return min(h.num_blocks for h in self.hellos)
+
+    @property
+    def max_model_len(self) -> int:
+        return min(h.max_model_len for h in self.hellos)
+
+    def workers_alive(self) -> bool:
+        now = time.monotonic()
+        return all(now - r.last_seen <= self.worker_timeout_s for r in self.ranks)
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._ready.wait(), timeout_s)
+        return self.is_ready
+
+    def new_epoch(self) -> None:
+        """Forget every hello; every rank must drop its state and say hello again."""
+        self.epoch = uuid.uuid4().hex[:12]
+        for rank in self.ranks:
+            rank.hello = None
+        self._ready.clear()
+        self.lost_reason = None
+        self._publish_heartbeat()
+        logger.info("waiting for %d worker rank(s) in epoch %s", self.world_size, self.epoch)
+
+    # -- steps -----------------------------------------------------------------------------------
+
+    def publish(self, plan: StepPlan) -> None:
+        assert self._publisher is not None, "start() first"
+        self.last_step_id = plan.step_id
+        self._result_waiter = (plan.step_id, asyncio.get_running_loop().create_future())
+        self._publisher.send(plan)
+
+    async def wait_result(self, step_id: int, timeout_s: float) -> StepResult | None:
+        """Rank 0's result for the plan just published, or None if a rank was lost or no
+        result came within `timeout_s` (then `lost_reason` says which)."""
+        assert self._result_waiter is not None and self._result_waiter[0] == step_id
+        future = self._result_waiter[1]
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), timeout_s)
+        except TimeoutError:
+            self._lose(f"no result for step {step_id} within {timeout_s:.1f}s")
+            return None
+        finally:
+            self._result_waiter = None
+
+    # -- background tasks ------------------------------------------------------------------------
+
+    def _publish_heartbeat(self) -> None:
+        if self._publisher is not None:
+            self._publisher.send(
+                Heartbeat(f"scheduler:{self.epoch}", time.time(), self.last_step_id)
+            )
+
+    async def _heartbeat_forever(self) -> None:
+        while True:
+            self._publish_heartbeat()
+            ready = self.is_ready
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S if ready else HANDSHAKE_HEARTBEAT_INTERVAL_S)
+
+    async def _receive_forever(self) -> None:
+        assert self._puller is not None
+        while True:
+            try:
+                message = await self._puller.recv(timeout_s=RECEIVE_POLL_S)
+            except TransportError as exc:
+                logger.error("dropping a message from a worker: %s", exc)
+                continue
+            if message is not None:
+                self._on_message(message)
+            self._check_liveness()
+
+    def _on_message(self, message: object) -> None:
+        if isinstance(message, StepResult):
+            self._on_result(message)
+        elif isinstance(message, Heartbeat):
+            rank = _rank_of(message.sender, self.world_size)
+            if rank is not None:
+                self.ranks[rank].last_seen = time.monotonic()
+        elif isinstance(message, WorkerHello):
+            self._on_hello(message)
+        else:
+            logger.warning("ignoring %s from a worker", type(message).__name__)
+
+    def _on_result(self, result: StepResult) -> None:
+        self.ranks[0].last_seen = time.monotonic()
+        waiter = self._result_waiter
+        if waiter is None or waiter[0] != result.step_id or waiter[1].done():
+            logger.debug("dropping stale result of step %d", result.step_id)
+            return
+        waiter[1].set_result(result)
+
+    def _on_hello(self, hello: WorkerHello) -> None:
+        problem = self._hello_problem(hello)
+        if problem is not None:
+            logger.error("refusing worker rank %d (pid %d): %s", hello.rank, hello.pid, problem)
+            return
+        state = self.ranks[hello.rank]
+        state.last_seen = time.monotonic()
+        if self.is_ready:
+            self._lose(f"worker rank {hello.rank} (pid {hello.pid}) attached again: it lost state")
+            return
+        state.hello = hello
+        logger.info(
+            "worker rank %d attached (pid %d, %d blocks)", hello.rank, hello.pid, hello.num_blocks
+        )
+        if all(r.hello is not None for r in self.ranks):
+            self._ready.set()
+
+    def _hello_problem(self, hello: WorkerHello) -> str | None:
+        if hello.world_size != self.world_size or not 0 <= hello.rank < self.world_size:
+            return (
+                f"it is rank {hello.rank} of {hello.world_size}, this engine has "
+                f"tensor_parallel_size={self.world_size}"
+            )
+        if hello.block_size != self.block_size:
+            return f"block_size {hello.block_size} != the scheduler's {self.block_size}"
+        if hello.num_blocks < self.min_num_blocks:
+            return (
+                f"it holds {hello.num_blocks} KV blocks, fewer than the {self.min_num_blocks} "
+                "this scheduler already hands out"
+            )
+        return None
+
+    def _check_liveness(self) -> None:
+        if not self.is_ready:
+            return
+        now = time.monotonic()
+        for rank, state in enumerate(self.ranks):
+            silent_s = now - state.last_seen
+            if silent_s > self.worker_timeout_s:
+                self._lose(
+                    f"worker rank {rank} sent nothing for {silent_s:.1f}s "
+                    f"(timeout {self.worker_timeout_s:.1f}s)"
+                )
+                return
+
+    def _lose(self, reason: str) -> None:
+        if self.lost_reason is None:
+            logger.error("worker lost: %s", reason)
+            self.lost_reason = reason
+        self._ready.clear()
+        if self._result_waiter is not None and not self._result_waiter[1].done():
+            self._result_waiter[1].set_result(None)
+
+
+def _rank_of(sender: str, world_size: int) -> int | None:
+    kind, _, rank_text = sender.partition(":")
+    if kind != "worker" or not rank_text.isdigit() or int(rank_text) >= world_size:
+        return None
+    return int(rank_text)

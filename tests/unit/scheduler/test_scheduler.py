@@ -1,0 +1,378 @@
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.errors import QueueFullError, RequestRejectedError
+from services.scheduler.scheduler import Scheduler
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import SamplingParams, StepResult
+from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
+
+
+def worker_for(s: Scheduler) -> FakeWorker:
+    return FakeWorker(s.num_blocks, s.block_size)
+
+
+def refcounts(s: Scheduler, block_ids: list[int]) -> list[int]:
+    return [s.kv.pool.blocks[i].ref_count for i in block_ids]
+
+
+def test_exact_block_ids_and_deltas() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    s.add_request(make_request("a", 6, max_tokens=8))
+    s.add_request(make_request("b", 5, max_tokens=8))
+    plan, deltas = run_step(s, w)
+    assert [(n.seq_id, n.block_ids, n.num_scheduled_tokens) for n in plan.new_seqs] == [
+        ("a", [0, 1], 6),
+        ("b", [2, 3], 5),
+    ]
+    assert [(d.request_id, d.token_ids, d.num_output_tokens) for d in deltas] == [
+        ("a", [7], 1),
+        ("b", [7], 1),
+    ]
+    plan, _ = run_step(s, w)  # a: 7 tokens, b: 6 tokens, both still in 2 blocks
+    assert [(c.seq_id, c.new_token_ids, c.new_block_ids) for c in plan.cached_seqs] == [
+        ("a", [7], []),
+        ("b", [7], []),
+    ]
+    run_step(s, w)  # a computes its 8th token
+    plan, _ = run_step(s, w)  # a's 9th token needs a third block: the head of the free queue
+    assert plan.cached_seqs[0].new_block_ids == [4]
+    assert plan.cached_seqs[0].num_computed_tokens == 8
+    assert s.kv.get_block_ids("a") == [0, 1, 4]
+
+
+def test_prefix_hit_shares_blocks_with_a_running_request() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    prompt = list(range(13))  # 3 full blocks + 1 token
+    s.add_request(make_request("a", prompt, max_tokens=8))
+    run_step(s, w)
+    s.add_request(make_request("b", [*prompt[:12], 50, 51], max_tokens=8))
+    plan, deltas = run_step(s, w)
+    (new,) = plan.new_seqs
+    assert new.block_ids == [0, 1, 2, 4]
+    assert (new.num_computed_tokens, new.num_scheduled_tokens) == (12, 2)
+    assert refcounts(s, [0, 1, 2, 3, 4]) == [2, 2, 2, 1, 1]
+    assert {d.request_id: d.num_cached_tokens for d in deltas} == {"a": 0, "b": 12}
+    st = s.stats()
+    assert (st.prefix_cache_queries, st.prefix_cache_hits) == (13 + 14, 12)
+
+
+def test_prefix_hit_on_a_finished_request_reuses_its_free_blocks() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    prompt = list(range(13))
+    s.add_request(make_request("a", prompt, max_tokens=1))
+    _, deltas = run_step(s, w)
+    assert deltas[0].finish_reason == "length"
+    assert s.kv.num_free_blocks == 8
+    s.add_request(make_request("b", prompt, max_tokens=1))
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].block_ids[:3] == [0, 1, 2]
+    assert plan.new_seqs[0].num_computed_tokens == 12
+
+
+def test_never_the_whole_prompt_from_cache() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    s.add_request(make_request("a", list(range(8)), max_tokens=1))
+    run_step(s, w)
+    s.add_request(make_request("b", list(range(8)), max_tokens=1))
+    plan, deltas = run_step(s, w)
+    assert (plan.new_seqs[0].num_computed_tokens, plan.new_seqs[0].num_scheduled_tokens) == (4, 4)
+    assert deltas[0].token_ids == [7]
+
+
+def test_eviction_takes_the_least_recent_and_tail_blocks_first() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4, max_model_len=16)
+    w = worker_for(s)
+    s.add_request(make_request("a", list(range(8)), max_tokens=1))
+    run_step(s, w)  # a finishes; blocks 1 then 0 go to the tail: free queue [2, 3, 1, 0]
+    assert [b.block_id for b in s.kv.pool.free_queue] == [2, 3, 1, 0]
+    s.add_request(make_request("c", list(range(50, 61)), max_tokens=1))
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].block_ids == [2, 3, 1]  # a's tail block evicted, its head kept
+    s.add_request(make_request("d", [*range(8), 99], max_tokens=1))
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].num_computed_tokens == 4
+    assert plan.new_seqs[0].block_ids[0] == 0
+
+
+def test_prefix_caching_disabled() -> None:
+    s = make_scheduler(enable_prefix_caching=False)
+    w = worker_for(s)
+    s.add_request(make_request("a", list(range(13)), max_tokens=1))
+    run_step(s, w)
+    s.add_request(make_request("b", list(range(13)), max_tokens=1))
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].num_computed_tokens == 0
+    assert s.stats().prefix_cache_hits == 0
+
+
+def test_chunked_prefill_respects_the_token_budget() -> None:
+    s = make_scheduler(num_blocks=16, block_size=4, max_num_batched_tokens=8)
+    w = worker_for(s)
+    s.add_request(make_request("d", 3, max_tokens=10))
+    run_step(s, w)  # d is decoding now
+    s.add_request(make_request("long", 20, max_tokens=2))
+    chunks, sampled = [], []
+    for _ in range(3):
+        plan, deltas = run_step(s, w)
+        assert plan.num_scheduled_tokens <= 8
+        chunks += [n.num_scheduled_tokens for n in plan.new_seqs]
+        chunks += [c.num_scheduled_tokens for c in plan.cached_seqs if c.seq_id == "long"]
+        sampled.append([d.request_id for d in deltas])
+    assert chunks == [7, 7, 6]  # 8 minus d's decode token each step
+    assert sampled == [["d"], ["d"], ["d", "long"]]  # sampled only when the prompt is done
+
+
+def test_without_chunking_a_prompt_waits_for_a_whole_budget() -> None:
+    s = make_scheduler(
+        num_blocks=16, max_num_batched_tokens=16, max_model_len=16, enable_chunked_prefill=False
+    )
+    w = worker_for(s)
+    s.add_request(make_request("d", 3, max_tokens=10))
+    s.add_request(make_request("long", 14, max_tokens=2))
+    plan, _ = run_step(s, w)
+    assert [n.seq_id for n in plan.new_seqs] == ["d"]  # 3 + 14 > 16
+    plan, _ = run_step(s, w)
+    assert [(n.seq_id, n.num_scheduled_tokens) for n in plan.new_seqs] == [("long", 14)]
+    assert plan.cached_seqs[0].seq_id == "d"  # 1 + 14 <= 16: the whole prompt in one step
+
+
+def test_max_num_seqs_bounds_the_batch() -> None:
+    s = make_scheduler(num_blocks=16, max_num_seqs=2)
+    w = worker_for(s)
+    for i in range(3):
+        s.add_request(make_request(f"r{i}", 2, max_tokens=3))
+    plan, _ = run_step(s, w)
+    assert [n.seq_id for n in plan.new_seqs] == ["r0", "r1"]
+    assert s.stats().num_waiting == 1
+
+
+def test_preemption_and_resume_with_outputs_so_far() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4, max_model_len=16)
+    w = worker_for(s)
+    s.add_request(make_request("a", 8, max_tokens=4))
+    s.add_request(make_request("b", list(range(200, 208)), max_tokens=4))
+    run_step(s, w, lambda _: 11)  # both hold 2 blocks and have 9 tokens
+    plan, _ = run_step(s, w, lambda _: 12)  # a needs a 3rd block: the newest (b) is preempted
+    assert plan.preempted_seq_ids == ["b"]
+    assert [c.seq_id for c in plan.cached_seqs] == ["a"] and plan.new_seqs == []
+    assert plan.cached_seqs[0].new_block_ids == [3]  # b's tail block, freed first
+    assert s.stats().num_preemptions == 1 and s.stats().num_waiting == 1
+    resumed = None
+    for _ in range(4):
+        plan, _ = run_step(s, w, lambda _: 13)
+        resumed = resumed or next((n for n in plan.new_seqs if n.seq_id == "b"), None)
+    assert resumed is not None
+    assert resumed.token_ids == [*range(200, 208), 11]  # prompt + the output sampled so far
+    assert resumed.num_prompt_tokens == 8
+    assert resumed.num_computed_tokens == 4  # its first block was still cached
+
+
+def test_a_sequence_preempts_itself_when_it_is_the_newest() -> None:
+    s = make_scheduler(num_blocks=3, block_size=4, max_model_len=12)
+    w = worker_for(s)
+    s.add_request(make_request("a", 4, max_tokens=8))
+    s.add_request(make_request("b", 4, max_tokens=8))
+    run_step(s, w)  # a: [0], b: [1]; 5 tokens each
+    run_step(s, w)  # a takes block 2; b's 5th token needs a block: b is the newest -> itself
+    assert s.stats().num_running == 1 and [r.request_id for r in s.waiting] == ["b"]
+    assert s.get_request("b").num_preemptions == 1
+
+
+def test_abort_frees_blocks_and_reports_finished_ids() -> None:
+    s = make_scheduler(num_blocks=8)
+    w = worker_for(s)
+    s.add_request(make_request("a", 6, max_tokens=8))
+    s.add_request(
+        make_request(
+            "b",
+            6,
+            max_tokens=8,
+        )
+    )
+    run_step(s, w)
+    s.add_request(make_request("waiting", 2))
+    assert s.kv.num_free_blocks == 4
+    deltas = s.abort_requests(["a", "nope", "waiting"], reason="client disconnected")
+    assert [(d.request_id, d.finish_reason, d.num_output_tokens) for d in deltas] == [
+        ("a", "abort", 1),
+        ("waiting", "abort", 0),
+    ]
+    assert s.kv.num_free_blocks == 6
+    s.check_integrity()
+    plan = s.schedule()
+    assert set(plan.finished_seq_ids) == {"a", "waiting"}
+    assert [c.seq_id for c in plan.cached_seqs] == ["b"]
+    # a result for the aborted sequence arriving late is ignored
+    deltas = s.update_from_output(plan, StepResult(plan.step_id, ["a", "b"], [1, 2]))
+    assert [d.request_id for d in deltas] == ["b"]
+    assert s.stats().num_aborted == 2
+
+
+def drive_tokens(tokens: list[int], **sampling: object) -> list:
+    """Run one request through steps that sample `tokens` in turn; return its deltas."""
+    s = make_scheduler(num_blocks=16, max_model_len=sampling.pop("max_model_len", 64))
+    w = worker_for(s)
+    s.add_request(make_request("r", 3, **sampling))
+    out = []
+    for token in tokens:
+        _, deltas = run_step(s, w, lambda _, t=token: t)
+        out += deltas
+        if deltas and deltas[-1].finished:
+            break
+    assert not s.has_unfinished_requests()
+    return out
+
+
+def test_eos_stops_and_is_hidden_but_counted() -> None:
+    deltas = drive_tokens([5, 2, 6], max_tokens=10, eos_token_ids=(2,))
+    assert [d.token_ids for d in deltas] == [[5], []]
+    last = deltas[-1]
+    assert (last.finish_reason, last.stop_token_id, last.num_output_tokens) == ("stop", 2, 2)
+    assert last.num_prompt_tokens == 3
+
+
+def test_min_tokens_holds_off_eos_and_stop_ids() -> None:
+    deltas = drive_tokens(
+        [2, 9, 2], max_tokens=10, eos_token_ids=(2,), stop_token_ids=(9,), min_tokens=3
+    )
+    assert [d.token_ids for d in deltas] == [[2], [9], []]
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].num_output_tokens == 3
+
+
+def test_ignore_eos_runs_to_max_tokens() -> None:
+    deltas = drive_tokens([2, 2, 2], max_tokens=3, eos_token_ids=(2,), ignore_eos=True)
+    assert [d.token_ids for d in deltas] == [[2], [2], [2]]
+    assert deltas[-1].finish_reason == "length" and deltas[-1].stop_token_id is None
+
+
+def test_stop_token_id_even_with_ignore_eos() -> None:
+    deltas = drive_tokens([4, 9], max_tokens=5, stop_token_ids=(9,), ignore_eos=True)
+    assert deltas[-1].finish_reason == "stop" and deltas[-1].stop_token_id == 9
+
+
+def test_max_model_len_ends_with_length() -> None:
+    deltas = drive_tokens([4, 4, 4, 4], max_tokens=2, max_model_len=5)
+    assert [d.token_ids for d in deltas] == [[4], [4]] and deltas[-1].finish_reason == "length"
+
+
+def test_logprobs_are_copied_when_asked() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("lp", 2, max_tokens=2, logprobs=1))
+    s.add_request(make_request("no", 2, max_tokens=2))
+    plan = s.schedule()
+    top = [[(7, -0.1), (8, -2.0)], [(7, -0.2), (3, -1.0)]]
+    result = StepResult(plan.step_id, ["lp", "no"], [7, 7], [-0.1, -0.2], top)
+    deltas = s.update_from_output(plan, result)
+    assert (deltas[0].logprobs, deltas[0].top_logprobs) == ([-0.1], [top[0]])
+    assert (deltas[1].logprobs, deltas[1].top_logprobs) == (None, None)
+
+
+def test_step_error_fails_every_sequence_of_the_step() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("a", 2))
+    s.add_request(make_request("b", 2))
+    plan = s.schedule()
+    deltas = s.update_from_output(plan, StepResult(plan.step_id, [], [], error="CUDA OOM"))
+    assert [(d.finish_reason, d.error, d.error_code) for d in deltas] == [
+        ("error", "CUDA OOM", "engine_error")
+    ] * 2
+    assert s.kv.num_free_blocks == s.num_blocks and not s.has_unfinished_requests()
+    s.check_integrity()
+
+
+def test_a_missing_sample_fails_the_sequence_instead_of_hanging() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("a", 2))
+    plan = s.schedule()
+    (delta,) = s.update_from_output(plan, StepResult(plan.step_id, [], []))
+    assert delta.finish_reason == "error" and "no token for a" in delta.error
+    with pytest.raises(ValueError, match="result of step 5 given for plan 1"):
+        s.update_from_output(s.schedule(), StepResult(5, [], []))
+
+
+def test_preempt_all_resends_everything_in_order() -> None:
+    s = make_scheduler(num_blocks=8)
+    w = worker_for(s)
+    s.add_request(make_request("a", 5))
+    s.add_request(make_request("b", 5))
+    run_step(s, w)
+    s.add_request(make_request("c", 2))
+    assert s.preempt_all() == 2
+    assert [r.request_id for r in s.waiting] == ["a", "b", "c"]
+    assert s.kv.num_free_blocks == 8
+    s.check_integrity()
+    w = worker_for(s)  # a restarted worker: no state
+    plan, _ = run_step(s, w)
+    assert [(n.seq_id, len(n.token_ids)) for n in plan.new_seqs] == [("a", 6), ("b", 6), ("c", 2)]
+    assert plan.preempted_seq_ids == []  # re-sent in full in the same plan
+
+
+def test_priority_policy_admits_lower_priority_value_first() -> None:
+    s = make_scheduler(policy="priority", max_num_seqs=1)
+    s.add_request(make_request("late", 2, priority=5))
+    s.add_request(make_request("urgent", 2, priority=0))
+    assert [n.seq_id for n in s.schedule().new_seqs] == ["urgent"]
+
+
+@pytest.mark.parametrize(
+    ("request_kwargs", "message"),
+    [
+        (
+            dict(prompt_token_ids=60, max_tokens=10),
+            r"prompt \(60 tokens\) \+ max_tokens \(10\) "
+            r"exceeds max_model_len \(64\)",
+        ),
+        (
+            dict(prompt_token_ids=30, max_tokens=10),
+            r"needs 10 KV blocks of 4 tokens but the "
+            r"whole cache has 8",
+        ),
+        (dict(prompt_token_ids=[], max_tokens=1), "the prompt is empty"),
+        (dict(prompt_token_ids=2, max_tokens=0), "max_tokens must be >= 1, got 0"),
+        (dict(prompt_token_ids=2, top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
+    ],
+)
+def test_rejections_state_the_numbers(request_kwargs: dict, message: str) -> None:
+    s = make_scheduler(num_blocks=8, block_size=4, max_model_len=64)
+    with pytest.raises(RequestRejectedError, match=message):
+        s.add_request(make_request("x", **request_kwargs))
+    assert not s.has_unfinished_requests()
+
+
+def test_duplicate_id_and_queue_full() -> None:
+    s = make_scheduler(max_waiting=1)
+    s.add_request(make_request("a", 2))
+    with pytest.raises(RequestRejectedError, match="'a' is already in use"):
+        s.add_request(make_request("a", 2))
+    with pytest.raises(QueueFullError, match="max_waiting=1"):
+        s.add_request(make_request("b", 2))
+    assert issubclass(RequestRejectedError, ValueError)
+
+
+def test_num_blocks_must_be_known() -> None:
+    with pytest.raises(ValueError, match="num_blocks must be set"):
+        Scheduler(SchedulerConfig(), CacheConfig())
+
+
+def test_stats_and_timeline() -> None:
+    s = make_scheduler(num_blocks=8)
+    w = worker_for(s)
+    s.add_request(make_request("a", 6, max_tokens=2))
+    run_step(s, w)
+    st = s.stats()
+    assert (st.num_running, st.num_free_blocks, st.num_total_blocks) == (1, 6, 8)
+    assert st.kv_usage == pytest.approx(0.25)
+    request = s.get_request("a")
+    assert request.arrival_time <= request.first_scheduled_time <= request.first_token_time
+    run_step(s, w)
+    assert s.stats().num_finished == 1 and s.finished_requests[-1].finish_reason == "length"
+
+
+def test_sampling_params_default_is_valid() -> None:
+    SamplingParams().validate()
