@@ -1,0 +1,302 @@
+"""The gateway's routes: the OpenAI API, /health and /metrics, wired to the engine client.
+
+Streaming waits for the request's first delta before sending headers, so that an engine error
+(queue full, invalid request, engine failure) still gets its HTTP status; after that, an error
+is a final `data: {"error": ...}` event. A client that goes away (while waiting or streaming)
+has its request aborted upstream at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any, TypeVar
+
+import anyio
+from redis.exceptions import RedisError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from services.gateway.completion_session import CompletionSession
+from services.gateway.engine_client import EngineClient
+from services.gateway.errors import APIError, bad_request
+from services.gateway.gateway_config import GatewayConfig
+from services.gateway.http_middleware import GatewayMiddleware
+from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from services.gateway.openai_schema import (
+    ChatRequest,
+    CompletionRequest,
+    parse_chat_request,
+    parse_completion_request,
+)
+from services.gateway.output_processor import ChoiceProcessor
+from services.gateway.request_builder import (
+    PromptInput,
+    check_lengths,
+    engine_requests,
+    tokenize_chat,
+    tokenize_completion,
+)
+from services.gateway.response_formatter import ResponseFormatter
+from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
+from services.gateway.tokenizer import TokenizerInfo
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
+CLIENT_CLOSED_STATUS = 499  # nginx's "client closed request"; nobody reads it
+
+
+class ClientGone(Exception):
+    """The client disconnected before the answer was ready."""
+
+
+class AbortingStreamingResponse(StreamingResponse):
+    """A StreamingResponse that always watches for the client leaving (newer Starlette only
+    notices when a write fails, which never happens while we wait for the next token) and
+    always closes its body iterator, whose `finally` aborts the request upstream."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            async with anyio.create_task_group() as group:
+
+                async def stream_then_stop() -> None:
+                    await self.stream_response(send)
+                    group.cancel_scope.cancel()
+
+                group.start_soon(stream_then_stop)
+                await self.listen_for_disconnect(receive)
+                group.cancel_scope.cancel()
+        finally:
+            with anyio.CancelScope(shield=True):
+                await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def until_disconnect(request: Request, work: Awaitable[T]) -> T:
+    """Run `work`, raising ClientGone (and cancelling it) if the client leaves first."""
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_wait_disconnect(request.receive))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    raise ClientGone
+
+
+async def read_json(request: Request, limit: int) -> Any:
+    """The body as JSON; 413 past `limit` bytes (checked while reading), 400 if not UTF-8 JSON."""
+    declared = request.headers.get("content-length", "")
+    too_large = APIError(
+        413, f"request body too large: the limit is {limit} bytes", code="body_too_large"
+    )
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large
+        chunks.append(chunk)
+    try:
+        text = b"".join(chunks).decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+class GatewayRoutes:
+    """The handlers, sharing the config, tokenizer, engine client and metrics."""
+
+    def __init__(self, config: GatewayConfig, info: TokenizerInfo, client: EngineClient) -> None:
+        self.config = config
+        self.info = info
+        self.client = client
+        self.metrics = GatewayMetrics(config.model_name)
+        self.created = int(time.time())
+
+    def _check_model(self, model: str | None) -> None:
+        if model is not None and model not in (self.config.model_name, self.config.model):
+            raise APIError(
+                404,
+                f"the model `{model}` does not exist; this server serves "
+                f"`{self.config.model_name}`",
+                param="model",
+                code="model_not_found",
+            )
+
+    async def models(self, request: Request) -> Response:
+        card = {
+            "id": self.config.model_name,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "pagedserve",
+            "root": self.config.model,
+            "max_model_len": self.info.max_model_len,
+        }
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def completions(self, request: Request) -> Response:
+        parsed = parse_completion_request(await read_json(request, self.config.max_body_bytes))
+        self._check_model(parsed.model)
+        prompts = await asyncio.to_thread(tokenize_completion, parsed, self.info)
+        check_lengths(prompts, parsed.sampling, self.info.max_model_len, "max_tokens")
+        return await self._generate(request, "completion", parsed, prompts)
+
+    async def chat(self, request: Request) -> Response:
+        parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
+        self._check_model(parsed.model)
+        prompts = await asyncio.to_thread(tokenize_chat, parsed, self.info)
+        body_name = "max_tokens"
+        if parsed.sampling.max_tokens is not None:
+            body_name = "max_completion_tokens"
+        check_lengths(prompts, parsed.sampling, self.info.max_model_len, body_name)
+        return await self._generate(request, "chat", parsed, prompts)
+
+    async def _generate(
+        self,
+        request: Request,
+        kind: str,
+        parsed: CompletionRequest | ChatRequest,
+        prompts: list[PromptInput],
+    ) -> Response:
+        options = parsed.sampling
+        prefix = "chatcmpl" if kind == "chat" else "cmpl"
+        response_id = f"{prefix}-{uuid.uuid4().hex}"
+        requests = engine_requests(response_id, prompts, options, self.info, self.client.gateway_id)
+        want_logprobs = options.logprobs is not None
+        processors = [ChoiceProcessor(self.info, options.stop, want_logprobs) for _ in requests]
+        session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
+        formatter = ResponseFormatter(
+            kind, response_id, parsed.model or self.config.model_name, int(time.time()),
+            want_logprobs,
+        )  # fmt: skip
+        await session.submit()
+        try:
+            await until_disconnect(request, session.wait_first())
+            if parsed.stream:
+                events = self._events(session, formatter, parsed.include_usage)
+                return AbortingStreamingResponse(events, media_type=SSE_MEDIA_TYPE)
+            await until_disconnect(request, _collect(session))
+        except ClientGone:
+            await session.close("client disconnected")
+            return Response(status_code=CLIENT_CLOSED_STATUS)
+        except BaseException:
+            await session.close()
+            raise
+        await session.close()
+        return JSONResponse(formatter.full(session.processors, session.logprobs, session.usage()))
+
+    async def _events(
+        self, session: CompletionSession, formatter: ResponseFormatter, include_usage: bool
+    ) -> AsyncIterator[bytes]:
+        try:
+            if formatter.kind == "chat":
+                for index in range(len(session.processors)):
+                    yield sse_event(formatter.role_chunk(index))
+            while not session.finished:
+                for index, update in await session.receive():
+                    if update.text or update.logprobs or update.finish_reason:
+                        yield sse_event(formatter.chunk(index, update))
+            if include_usage:
+                yield sse_event(formatter.usage_chunk(session.usage()))
+        except APIError as exc:
+            yield sse_event(exc.body())
+        finally:
+            with anyio.CancelScope(shield=True):
+                await session.close("client disconnected")
+        yield SSE_DONE
+
+    async def health(self, request: Request) -> Response:
+        try:
+            statuses = await self.client.engine_statuses()
+        except RedisError as exc:
+            reason = f"the request queue (Redis) is unreachable: {exc}"
+            return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+        now = time.time()
+        live = [s.engine_id for s in statuses if self.client.is_live(s, now)]
+        if live:
+            return JSONResponse({"status": "ok", "engines": live})
+        if not statuses:
+            reason = "no engine has registered"
+        else:
+            reason = "no engine is live: " + "; ".join(
+                f"{s.engine_id}: status {now - s.time:.1f}s old, workers_alive={s.workers_alive}"
+                for s in statuses
+            )
+        return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
+
+    async def metrics_text(self, request: Request) -> Response:
+        try:
+            statuses = await self.client.engine_statuses()
+        except RedisError:
+            statuses = []
+        now = time.time()
+        live = [s for s in statuses if self.client.is_live(s, now)]
+        return Response(self.metrics.render(live), media_type=CONTENT_TYPE)
+
+
+async def _collect(session: CompletionSession) -> None:
+    while not session.finished:
+        await session.receive()
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    code = "not_found" if exc.status_code == 404 else None
+    return APIError(exc.status_code, str(exc.detail), code=code).response()
+
+
+def build_app(config: GatewayConfig, info: TokenizerInfo, client: EngineClient) -> Starlette:
+    """The ASGI app. The engine client starts and stops with the app's lifespan."""
+    routes = GatewayRoutes(config, info, client)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await client.start()
+        try:
+            yield
+        finally:
+            await client.close()
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/completions", routes.completions, methods=["POST"]),
+            Route("/v1/chat/completions", routes.chat, methods=["POST"]),
+            Route("/health", routes.health, methods=["GET"]),
+            Route("/metrics", routes.metrics_text, methods=["GET"]),
+        ],
+        middleware=[
+            Middleware(
+                GatewayMiddleware,
+                api_key=config.api_key,
+                metrics_require_key=config.metrics_require_key,
+            )
+        ],
+        exception_handlers={HTTPException: _http_error},
+        lifespan=lifespan,
+    )
+    app.state.routes = routes
+    return app

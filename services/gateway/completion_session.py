@@ -1,0 +1,155 @@
+"""One HTTP request's generation: its engine requests (one per choice), the deltas they send
+back, and the per-choice processing, timing and clean-up.
+
+All choices of a request share one asyncio.Queue in the engine client; `receive()` takes what
+has arrived and turns it into per-choice updates. An engine error raises `APIError`. Whatever
+way the session ends (finished, stop string, client gone, error), `close()` aborts upstream
+every choice that is still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from services.gateway.engine_client import EngineClient
+from services.gateway.errors import APIError, from_engine
+from services.gateway.logprob_formatter import TokenLogprob
+from services.gateway.metrics import GatewayMetrics
+from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from services.gateway.response_formatter import Usage
+from shared.protocol import GenerateRequest, TokenDelta
+
+
+@dataclass(slots=True)
+class ChoiceTiming:
+    arrival: float
+    last_token_at: float = 0.0
+
+
+class CompletionSession:
+    def __init__(
+        self,
+        client: EngineClient,
+        metrics: GatewayMetrics,
+        requests: list[GenerateRequest],
+        processors: list[ChoiceProcessor],
+        num_choices_per_prompt: int,
+    ) -> None:
+        self.client = client
+        self.metrics = metrics
+        self.requests = requests
+        self.processors = processors
+        self.n = num_choices_per_prompt
+        self.index_of = {r.request_id: i for i, r in enumerate(requests)}
+        self.timings = [ChoiceTiming(arrival=time.monotonic()) for _ in requests]
+        self.logprobs: list[list[TokenLogprob]] = [[] for _ in requests]
+        self.queue: asyncio.Queue[TokenDelta] = asyncio.Queue()
+        self._pending: list[TokenDelta] = []
+        self._closed = False
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def submit(self) -> None:
+        for request in self.requests:
+            self.client.open_stream(request.request_id, self.queue)
+        try:
+            await self.client.submit(self.requests)
+        except APIError:
+            self._close_streams()
+            raise
+
+    @property
+    def finished(self) -> bool:
+        return all(p.finish_reason is not None for p in self.processors)
+
+    async def wait_first(self) -> None:
+        """Wait for the first delta (so an engine error can still pick the HTTP status)."""
+        delta = await self.queue.get()
+        self._pending.append(delta)
+        self._raise_if_error(delta)
+
+    async def receive(self) -> list[tuple[int, ChoiceUpdate]]:
+        """The updates of every delta that has arrived, waiting for at least one."""
+        deltas, self._pending = self._pending, []
+        if not deltas:
+            deltas.append(await self.queue.get())
+        while not self.queue.empty():
+            deltas.append(self.queue.get_nowait())
+        updates = []
+        for delta in deltas:
+            self._raise_if_error(delta)
+            index = self.index_of.get(delta.request_id)
+            if index is None or self.processors[index].finish_reason is not None:
+                continue
+            update = self.processors[index].process(delta)
+            self.logprobs[index].extend(update.logprobs)
+            self._observe(index, delta, update)
+            if update.stopped_by_string:
+                await self.client.abort([delta.request_id], "stop")
+            updates.append((index, update))
+        return updates
+
+    def _raise_if_error(self, delta: TokenDelta) -> None:
+        if delta.finish_reason == "error":
+            index = self.index_of.get(delta.request_id)
+            if index is not None:  # the engine already dropped it: nothing to abort
+                self.processors[index].finish_reason = "error"
+            self.metrics.finished("error")
+            raise from_engine(delta.error, delta.error_code)
+
+    def _observe(self, index: int, delta: TokenDelta, update: ChoiceUpdate) -> None:
+        now = time.monotonic()
+        timing = self.timings[index]
+        if delta.token_ids:
+            if timing.last_token_at == 0.0:
+                self.metrics.ttft.observe(now - timing.arrival)
+            else:
+                self.metrics.itl.observe(now - timing.last_token_at)
+            timing.last_token_at = now
+        if update.finish_reason is not None:
+            processor = self.processors[index]
+            self.metrics.e2e.observe(now - timing.arrival)
+            self.metrics.prompt_tokens.inc(len(self.requests[index].prompt_token_ids))
+            self.metrics.generation_tokens.inc(processor.num_output_tokens)
+            self.metrics.finished(update.finish_reason)
+            self._spawn(self._observe_queue_time(self.requests[index]))
+
+    async def _observe_queue_time(self, request: GenerateRequest) -> None:
+        scheduled_at = await self.client.scheduled_at(request.request_id)
+        if scheduled_at > 0:
+            self.metrics.queue_time.observe(max(0.0, scheduled_at - request.arrival_time))
+
+    def _spawn(self, coro: object) -> None:
+        task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    def usage(self) -> Usage:
+        """Prompt tokens count once per prompt, however many choices it has (as OpenAI)."""
+        firsts = range(0, len(self.requests), self.n)
+        return Usage(
+            prompt_tokens=sum(len(self.requests[i].prompt_token_ids) for i in firsts),
+            completion_tokens=sum(p.num_output_tokens for p in self.processors),
+            cached_tokens=sum(self.processors[i].num_cached_tokens for i in firsts),
+        )
+
+    async def close(self, reason: str = "abort") -> None:
+        """Abort upstream every choice still running; idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        running = [
+            r.request_id
+            for r, p in zip(self.requests, self.processors, strict=True)
+            if p.finish_reason is None
+        ]
+        self._close_streams()
+        if running:
+            for _ in running:
+                self.metrics.finished("abort")
+            await self.client.abort(running, reason)
+
+    def _close_streams(self) -> None:
+        for request in self.requests:
+            self.client.close_stream(request.request_id)

@@ -1,0 +1,51 @@
+"""Incremental detokenization: text for new token ids without ever emitting half a character.
+
+Byte-level BPE splits multi-byte characters across tokens, so decoding one token at a time
+yields U+FFFD. Like vLLM we keep two offsets into the ids: `prefix_offset` (start of a short
+window decoded for context, since decoding is not a per-token concatenation) and `read_offset`
+(end of what was already emitted). New text is `decode(window + new) - decode(window)`, held back
+while it ends in U+FFFD (an incomplete character). `finish()` emits whatever remains so that
+the whole text equals `decode(all ids, skip_special_tokens=True)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+REPLACEMENT_CHAR = "\ufffd"
+
+
+@dataclass(slots=True)
+class IncrementalDetokenizer:
+    tokenizer: Any
+    token_ids: list[int] = field(default_factory=list)
+    prefix_offset: int = 0
+    read_offset: int = 0
+    emitted_text: str = ""
+
+    def _decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)
+
+    def add(self, new_token_ids: list[int]) -> str:
+        """Append ids; return the text they complete (possibly empty)."""
+        self.token_ids.extend(new_token_ids)
+        prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
+        full_text = self._decode(self.token_ids[self.prefix_offset :])
+        if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) <= len(prefix_text):
+            return ""  # an incomplete character, or only special tokens: wait for more
+        new_text = full_text[len(prefix_text) :]
+        self.prefix_offset = self.read_offset
+        self.read_offset = len(self.token_ids)
+        self.emitted_text += new_text
+        return new_text
+
+    def finish(self) -> str:
+        """The text not emitted yet (a trailing invalid byte sequence, if any)."""
+        full_text = self._decode(self.token_ids)
+        if full_text.startswith(self.emitted_text):
+            rest = full_text[len(self.emitted_text) :]
+        else:  # a tokenizer whose decode is not prefix-stable: never lose text
+            rest = ""
+        self.emitted_text += rest
+        return rest

@@ -1,0 +1,221 @@
+"""The gateway's side of Redis: queue requests, send aborts, receive token deltas, heartbeat.
+
+One reader task per gateway blocks on this gateway's output stream, decodes `OutputBatch`es
+and hands each `TokenDelta` to its request's asyncio.Queue, deleting what it consumed so the
+stream stays short. Deltas for requests nobody waits for any more (aborted, disconnected) are
+dropped. Redis being down is never fatal: calls raise a 503 `APIError`, the background tasks
+retry with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from services.gateway.errors import APIError, unavailable
+from shared.keys import RedisKeys
+from shared.protocol import (
+    AbortRequest,
+    GenerateRequest,
+    OutputBatch,
+    ProtocolError,
+    TokenDelta,
+    decode,
+    encode,
+)
+from shared.status import (
+    ENGINE_STATUS_TTL_S,
+    GATEWAY_HEARTBEAT_TTL_S,
+    REQUEST_STATUS_TTL_S,
+    EngineStatus,
+    RequestStatus,
+    from_fields,
+    to_fields,
+)
+
+logger = logging.getLogger(__name__)
+
+HEARTBEAT_INTERVAL_S = 2.0
+READ_BLOCK_MS = 1000
+READ_COUNT = 256
+ABORTS_MAXLEN = 100_000  # the aborts stream is read by every engine, never consumed: cap it
+MAX_BACKOFF_S = 2.0
+
+
+class EngineClient:
+    """Redis in/out for one gateway replica."""
+
+    def __init__(
+        self, redis_url: str, namespace: str, gateway_id: str, max_pending_requests: int
+    ) -> None:
+        self.keys = RedisKeys(namespace)
+        self.gateway_id = gateway_id
+        self.max_pending_requests = max_pending_requests
+        self.redis = aioredis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+        self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.num_dropped_deltas = 0
+
+    async def start(self) -> None:
+        self._tasks = [
+            asyncio.create_task(self._read_outputs(), name="gateway-output-reader"),
+            asyncio.create_task(self._heartbeat(), name="gateway-heartbeat"),
+        ]
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        with contextlib.suppress(Exception):
+            await self.redis.delete(self.keys.gateway(self.gateway_id))
+            await self.redis.srem(self.keys.gateways, self.gateway_id)
+        await self.redis.aclose()
+
+    # -- per request ---------------------------------------------------------------------------
+
+    def open_stream(
+        self, request_id: str, queue: asyncio.Queue[TokenDelta] | None = None
+    ) -> asyncio.Queue[TokenDelta]:
+        """Register before submitting, so that no delta arrives before its queue exists. The
+        choices of one HTTP request may share a queue."""
+        queue = queue if queue is not None else asyncio.Queue()
+        self._streams[request_id] = queue
+        return queue
+
+    def close_stream(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+
+    @property
+    def num_open_streams(self) -> int:
+        return len(self._streams)
+
+    async def submit(self, requests: list[GenerateRequest]) -> None:
+        """Queue requests for the engines; 503 when the queue is full or Redis is down."""
+        try:
+            depth = await self.redis.xlen(self.keys.requests)
+            if depth + len(requests) > self.max_pending_requests:
+                raise unavailable(
+                    f"the request queue is full ({depth} pending, limit "
+                    f"{self.max_pending_requests}); retry later",
+                    code="queue_full",
+                )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for request in requests:
+                    self._queue_commands(pipe, request)
+                await pipe.execute()
+        except RedisError as exc:
+            raise _redis_down(exc) from exc
+
+    def _queue_commands(self, pipe: aioredis.client.Pipeline, request: GenerateRequest) -> None:
+        status = RequestStatus(
+            request_id=request.request_id,
+            state="queued",
+            gateway_id=self.gateway_id,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            queued_at=request.arrival_time,
+        )
+        key = self.keys.request(request.request_id)
+        pipe.xadd(self.keys.requests, {"m": encode(request)})
+        pipe.hset(key, mapping=to_fields(status))
+        pipe.expire(key, REQUEST_STATUS_TTL_S)
+
+    async def abort(self, request_ids: list[str], reason: str = "abort") -> None:
+        """Tell every engine to drop these requests. Best effort: logged, never raised."""
+        for request_id in request_ids:
+            self.close_stream(request_id)
+        try:
+            await self.redis.xadd(
+                self.keys.aborts,
+                {"m": encode(AbortRequest(list(request_ids), reason))},
+                maxlen=ABORTS_MAXLEN,
+                approximate=True,
+            )
+        except RedisError as exc:  # the engine aborts them anyway once our heartbeat expires
+            logger.warning("could not send abort for %s: %s", request_ids, exc)
+
+    async def scheduled_at(self, request_id: str) -> float:
+        """When an engine first scheduled the request (0.0 if unknown)."""
+        with contextlib.suppress(RedisError, ValueError):
+            value = await self.redis.hget(self.keys.request(request_id), "scheduled_at")
+            return float(value or 0.0)
+        return 0.0
+
+    # -- engines -------------------------------------------------------------------------------
+
+    async def engine_statuses(self) -> list[EngineStatus]:
+        """Every registered engine's latest status record (raises RedisError)."""
+        engine_ids = sorted(m.decode() for m in await self.redis.smembers(self.keys.engines))
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for engine_id in engine_ids:
+                pipe.hgetall(self.keys.engine(engine_id))
+            records = await pipe.execute()
+        return [from_fields(EngineStatus, r) for r in records if r]
+
+    @staticmethod
+    def is_live(status: EngineStatus, now: float | None = None) -> bool:
+        now = time.time() if now is None else now
+        return status.workers_alive and now - status.time <= ENGINE_STATUS_TTL_S
+
+    # -- background tasks ----------------------------------------------------------------------
+
+    async def _read_outputs(self) -> None:
+        stream = self.keys.output(self.gateway_id)
+        last_id = "0-0"  # entries left from a previous life of this id are read and dropped
+        backoff = 0.1
+        while True:
+            try:
+                answer = await self.redis.xread(
+                    {stream: last_id}, count=READ_COUNT, block=READ_BLOCK_MS
+                )
+                backoff = 0.1
+            except RedisError as exc:
+                logger.warning("output stream read failed (%s); retrying in %.1fs", exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            for _, entries in answer or []:
+                for entry_id, fields in entries:
+                    self._dispatch(fields.get(b"m"))
+                    last_id = entry_id
+                with contextlib.suppress(RedisError):
+                    await self.redis.xdel(stream, *[entry_id for entry_id, _ in entries])
+
+    def _dispatch(self, payload: bytes | None) -> None:
+        try:
+            batch = decode(payload) if payload is not None else None
+        except ProtocolError as exc:
+            logger.error("undecodable output entry dropped: %s", exc)
+            return
+        if not isinstance(batch, OutputBatch):
+            logger.error("output entry is %s, not an OutputBatch", type(batch).__name__)
+            return
+        for delta in batch.deltas:
+            queue = self._streams.get(delta.request_id)
+            if queue is None:
+                self.num_dropped_deltas += 1
+                continue
+            queue.put_nowait(delta)
+
+    async def _heartbeat(self) -> None:
+        while True:
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.set(
+                        self.keys.gateway(self.gateway_id), time.time(), ex=GATEWAY_HEARTBEAT_TTL_S
+                    )
+                    pipe.sadd(self.keys.gateways, self.gateway_id)
+                    await pipe.execute()
+            except RedisError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+            await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _redis_down(exc: Exception) -> APIError:
+    return unavailable(f"the request queue (Redis) is unreachable: {exc}", code="redis_unavailable")

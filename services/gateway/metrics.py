@@ -1,0 +1,109 @@
+"""Prometheus metrics under vLLM's names, so that vLLM's Grafana dashboards carry over.
+
+Latency histograms and token counters are measured here, per request; the engine gauges and
+totals (running, waiting, KV usage, prefix cache, preemptions) are summed over the live
+engines' status records at scrape time. Each gateway owns its registry, so several apps can
+live in one process (tests) without clashing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from shared.status import EngineStatus
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                   2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
+ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
+               0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+
+
+class EngineStatusCollector(Collector):
+    """Engine-side numbers, from the status records fetched just before a scrape."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.statuses: list[EngineStatus] = []
+
+    def collect(self) -> Iterator[Metric]:
+        labels = ["model_name"]
+        values = [self.model_name]
+        s = self.statuses
+        gauges = {
+            "vllm:num_requests_running": ("Running on engines", sum(x.num_running for x in s)),
+            "vllm:num_requests_waiting": ("Waiting on engines", sum(x.num_waiting for x in s)),
+            "vllm:kv_cache_usage_perc": (
+                "KV cache usage (0-1), mean over engines",
+                sum(x.kv_usage for x in s) / len(s) if s else 0.0,
+            ),
+            "vllm:num_engines_live": ("Engines with a fresh status and live workers", len(s)),
+        }  # fmt: skip
+        for name, (doc, value) in gauges.items():
+            gauge = GaugeMetricFamily(name, doc, labels=labels)
+            gauge.add_metric(values, value)
+            yield gauge
+        counters = {
+            "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache",
+                                          sum(x.prefix_cache_queries for x in s)),
+            "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache",
+                                       sum(x.prefix_cache_hits for x in s)),
+            "vllm:num_preemptions": ("Preemptions", sum(x.num_preemptions for x in s)),
+        }  # fmt: skip
+        for name, (doc, value) in counters.items():
+            counter = CounterMetricFamily(name, doc, labels=labels)
+            counter.add_metric(values, value)
+            yield counter
+
+
+class GatewayMetrics:
+    """Every metric the gateway exposes; `render()` is the /metrics body."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self.engines = EngineStatusCollector(model_name)
+        self.registry.register(self.engines)
+        labels = ["model_name"]
+        hist = dict(labelnames=labels, registry=self.registry)
+        self.ttft = Histogram(
+            "vllm:time_to_first_token_seconds",
+            "Time to first token",
+            buckets=LATENCY_BUCKETS,
+            **hist,
+        ).labels(model_name)
+        self.itl = Histogram(
+            "vllm:inter_token_latency_seconds", "Time between tokens", buckets=ITL_BUCKETS, **hist
+        ).labels(model_name)
+        self.e2e = Histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to finish", buckets=LATENCY_BUCKETS, **hist
+        ).labels(model_name)
+        self.queue_time = Histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival to first scheduled",
+            buckets=LATENCY_BUCKETS,
+            **hist,
+        ).labels(model_name)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens", labels, registry=self.registry
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Generated tokens", labels, registry=self.registry
+        ).labels(model_name)
+        self._success = Counter(
+            "vllm:request_success",
+            "Finished requests by finish reason",
+            [*labels, "finished_reason"],
+            registry=self.registry,
+        )
+        self.model_name = model_name
+
+    def finished(self, finish_reason: str) -> None:
+        self._success.labels(self.model_name, finish_reason).inc()
+
+    def render(self, live_engines: list[EngineStatus]) -> bytes:
+        self.engines.statuses = live_engines
+        return generate_latest(self.registry)

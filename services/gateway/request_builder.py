@@ -1,0 +1,131 @@
+"""Validated OpenAI requests -> engine requests: tokenize, check lengths against the model,
+and fan `n` choices out into engine requests with their own ids (and seeds)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from services.gateway.errors import bad_request
+from services.gateway.openai_schema import ChatRequest, CompletionRequest, SamplingOptions
+from services.gateway.tokenizer import TokenizerInfo
+from shared.protocol import GenerateRequest, SamplingParams
+
+SEED_LIMIT = 2**63
+
+
+@dataclass(frozen=True)
+class PromptInput:
+    """One prompt, tokenized."""
+
+    token_ids: list[int]
+
+
+def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list[PromptInput]:
+    prompts = []
+    for index, prompt in enumerate(request.prompts):
+        if isinstance(prompt, str):
+            token_ids = info.tokenizer.encode(prompt)
+        else:
+            bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
+            if bad is not None:
+                raise bad_request(
+                    f"prompt {index} holds token id {bad}, outside [0, {info.vocab_size})",
+                    "prompt",
+                )
+            token_ids = list(prompt)
+        if not token_ids:
+            raise bad_request(f"prompt {index} tokenizes to no tokens", "prompt")
+        prompts.append(PromptInput(token_ids=token_ids))
+    return prompts
+
+
+def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput]:
+    if not getattr(info.tokenizer, "chat_template", None):
+        raise bad_request("this model has no chat template: use /v1/completions", "messages")
+    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    try:
+        text = info.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=request.add_generation_prompt, tokenize=False
+        )
+    except Exception as exc:  # the template itself rejects some conversations (jinja raise)
+        raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    # The template writes the special tokens itself; adding them again would double the BOS.
+    return [PromptInput(token_ids=info.tokenizer.encode(text, add_special_tokens=False))]
+
+
+def check_lengths(
+    prompts: list[PromptInput], options: SamplingOptions, max_model_len: int, param: str
+) -> None:
+    """A 400 saying both numbers when a prompt cannot fit with its max_tokens."""
+    for prompt in prompts:
+        num_prompt = len(prompt.token_ids)
+        if num_prompt >= max_model_len:
+            raise bad_request(
+                f"the prompt has {num_prompt} tokens, which leaves no room in this model's "
+                f"maximum context length of {max_model_len} tokens",
+                "prompt" if param == "max_tokens" else "messages",
+            )
+        if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
+            raise bad_request(
+                f"this model's maximum context length is {max_model_len} tokens, but "
+                f"{num_prompt} prompt tokens + {options.max_tokens} for `{param}` = "
+                f"{num_prompt + options.max_tokens} were requested",
+                param,
+            )
+
+
+def sampling_params(
+    options: SamplingOptions, info: TokenizerInfo, num_prompt_tokens: int, choice: int
+) -> SamplingParams:
+    for token_id in options.stop_token_ids:
+        if token_id >= info.vocab_size:
+            raise bad_request(
+                f"`stop_token_ids` holds {token_id}, outside [0, {info.vocab_size})",
+                "stop_token_ids",
+            )
+    max_tokens = options.max_tokens or info.max_model_len - num_prompt_tokens
+    seed = None if options.seed is None else (options.seed + choice) % SEED_LIMIT
+    return SamplingParams(
+        temperature=options.temperature,
+        top_p=options.top_p,
+        top_k=options.top_k,
+        min_p=options.min_p,
+        seed=seed,
+        presence_penalty=options.presence_penalty,
+        frequency_penalty=options.frequency_penalty,
+        repetition_penalty=options.repetition_penalty,
+        max_tokens=max_tokens,
+        min_tokens=min(options.min_tokens, max_tokens),
+        stop_token_ids=options.stop_token_ids,
+        eos_token_ids=info.eos_token_ids,
+        ignore_eos=options.ignore_eos,
+        logprobs=options.logprobs,
+    )
+
+
+def engine_requests(
+    request_id: str,
+    prompts: list[PromptInput],
+    options: SamplingOptions,
+    info: TokenizerInfo,
+    gateway_id: str,
+) -> list[GenerateRequest]:
+    """One engine request per (prompt, choice), ids `<request_id>-<choice index>`; with a
+    seed, choice i of a prompt samples with seed + i so that the choices differ."""
+    now = time.time()
+    requests = []
+    for prompt_index, prompt in enumerate(prompts):
+        for i in range(options.n):
+            index = prompt_index * options.n + i
+            requests.append(
+                GenerateRequest(
+                    request_id=f"{request_id}-{index}",
+                    prompt_token_ids=prompt.token_ids,
+                    sampling=sampling_params(options, info, len(prompt.token_ids), i),
+                    gateway_id=gateway_id,
+                    arrival_time=now,
+                    priority=options.priority,
+                )
+            )
+    return requests

@@ -1,0 +1,104 @@
+"""The gateway's tokenizer: loaded from the model directory, or for the default model before
+it has been converted, straight from the GGUF file (about 6 s, offline). Also what the model
+says about its end tokens and length."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from shared.model_files import default_model_gguf, is_default_alias, resolve_model_dir
+
+logger = logging.getLogger(__name__)
+
+FALLBACK_MAX_MODEL_LEN = 2048  # a model that states no length
+
+
+@dataclass(frozen=True)
+class TokenizerInfo:
+    """A loaded tokenizer and the model facts that the gateway needs from it."""
+
+    tokenizer: Any
+    eos_token_ids: tuple[int, ...]
+    max_model_len: int
+    vocab_size: int
+    # Logprobs name the same few thousand tokens again and again: decode each once.
+    _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
+
+    def token_text(self, token_id: int) -> str:
+        """One token's text, as logprobs show it."""
+        text = self._token_texts.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._token_texts[token_id] = text
+        return text
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _as_ids(value: Any) -> list[int]:
+    if isinstance(value, int):
+        return [value]
+    if isinstance(value, list):
+        return [v for v in value if isinstance(v, int)]
+    return []
+
+
+def _model_facts(model_dir: Path | None, tokenizer: Any) -> tuple[tuple[int, ...], int | None]:
+    eos_ids = _as_ids(getattr(tokenizer, "eos_token_id", None))
+    max_len: int | None = None
+    if model_dir is not None:
+        eos_ids += _as_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
+        config = _read_json(model_dir / "config.json")
+        eos_ids += _as_ids(config.get("eos_token_id"))
+        if isinstance(config.get("max_position_embeddings"), int):
+            max_len = config["max_position_embeddings"]
+    return tuple(dict.fromkeys(eos_ids)), max_len
+
+
+def load_tokenizer(model: str, max_model_len: int | None = None) -> TokenizerInfo:
+    """The tokenizer for `model` (an alias or a model directory)."""
+    from transformers import AutoTokenizer  # heavy import, only where a tokenizer is loaded
+
+    model_dir = resolve_model_dir(model)
+    if model_dir.is_dir() and (model_dir / "config.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        source: Path | None = model_dir
+    elif is_default_alias(model):
+        gguf = default_model_gguf()
+        logger.info("loading the tokenizer from %s (not converted yet)", gguf)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        source = None
+    else:  # resolve_model_dir already raised for anything else
+        raise FileNotFoundError(model_dir)
+    return tokenizer_info(tokenizer, source, max_model_len)
+
+
+def tokenizer_info(
+    tokenizer: Any, model_dir: Path | None = None, max_model_len: int | None = None
+) -> TokenizerInfo:
+    """Wrap an already loaded tokenizer (tests, or a caller that loaded it itself)."""
+    eos_ids, model_len = _model_facts(model_dir, tokenizer)
+    if max_model_len is None:
+        max_model_len = model_len or _default_len_of(tokenizer)
+    return TokenizerInfo(
+        tokenizer=tokenizer,
+        eos_token_ids=eos_ids,
+        max_model_len=max_model_len,
+        vocab_size=len(tokenizer),
+    )
+
+
+def _default_len_of(tokenizer: Any) -> int:
+    length = getattr(tokenizer, "model_max_length", None)
+    if isinstance(length, int) and 0 < length < 10_000_000:
+        return length
+    return FALLBACK_MAX_MODEL_LEN

@@ -1,0 +1,11 @@
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.tokenizer import TokenizerInfo
+from tests.unit.gateway.helpers import load_test_tokenizer
+
+
+@pytest.fixture(scope="session")
+def info() -> TokenizerInfo:
+    return load_test_tokenizer()
