@@ -1,0 +1,46 @@
+"""benchmarks/kernels.py: the --smoke path runs every op under the interpreter and writes
+its table; without CUDA the real run refuses with a non-zero exit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.kernels", *args],
+        cwd=REPO_ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_smoke_run_writes_a_table_of_correct_results(tmp_path: Path) -> None:
+    result = run_benchmark("--smoke", "--out-dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    table = (tmp_path / "kernels_cpu_interpreter.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 1 + 4  # header + one row per smoke case
+    for op in ("decode", "prefill", "kv_write"):
+        assert any(f"| {op} |" in row for row in rows), op
+    assert all(row.endswith("| ok |") for row in rows[1:]), table
+    assert "NOT GPU numbers" in table
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")
+def test_real_run_without_cuda_exits_non_zero(tmp_path: Path) -> None:
+    result = run_benchmark("--out-dir", str(tmp_path))
+    assert result.returncode == 2
+    assert "needs a CUDA device" in result.stdout
+    assert not list(tmp_path.iterdir())
