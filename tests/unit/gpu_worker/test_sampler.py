@@ -1,0 +1,141 @@
+"""Sampler: each parameter's effect on synthetic logits, seeds, logprobs."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from services.gpu_worker.sampler import SamplingRow, apply_penalties, sample
+from shared.protocol import SamplingParams
+
+VOCAB = 64
+
+
+def make_logits(batch: int = 1, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn((batch, VOCAB), generator=generator) * 3  # [B, V]
+
+
+def row(prompt=(), output=(), **params) -> SamplingRow:
+    return SamplingRow(SamplingParams(**params), list(prompt), list(output))
+
+
+def draw(logits: torch.Tensor, n: int, **params) -> list[int]:
+    """n draws from one row's distribution (unseeded rows share the global generator)."""
+    return sample(logits.expand(n, -1).contiguous(), [row(**params) for _ in range(n)]).token_ids
+
+
+def test_greedy_is_argmax_per_row():
+    logits = make_logits(4)
+    out = sample(logits, [row(temperature=0.0) for _ in range(4)])
+    assert out.token_ids == logits.argmax(-1).tolist()
+    assert out.logprobs is None and out.top_logprobs is None
+
+
+def test_top_k_1_and_tiny_top_p_equal_greedy():
+    logits = make_logits(1, seed=1)
+    best = int(logits.argmax())
+    assert set(draw(logits, 200, temperature=1.5, top_k=1)) == {best}
+    assert set(draw(logits, 200, temperature=1.5, top_p=1e-6)) == {best}
+
+
+def test_top_k_limits_the_support():
+    logits = make_logits(1, seed=2)
+    allowed = set(logits[0].topk(5).indices.tolist())
+    drawn = set(draw(logits, 2000, temperature=5.0, top_k=5))
+    assert drawn <= allowed and len(drawn) == 5
+
+
+def test_top_p_keeps_the_smallest_set_reaching_p():
+    logits = torch.tensor([[3.0, 2.0, 1.0, 0.0, -1.0] + [-20.0] * (VOCAB - 5)])
+    probs = logits.softmax(-1)[0]
+    assert float(probs[:2].sum()) < 0.9 < float(probs[:3].sum())
+    assert set(draw(logits, 2000, top_p=0.9)) == {0, 1, 2}
+
+
+def test_min_p_drops_tokens_below_a_fraction_of_the_best():
+    logits = torch.log(torch.tensor([[0.5, 0.3, 0.15, 0.05] + [1e-9] * (VOCAB - 4)]))
+    # min_p=0.2: threshold 0.1, so tokens 0..2 stay and 3 (0.05) goes.
+    assert set(draw(logits, 3000, min_p=0.2)) == {0, 1, 2}
+
+
+def test_temperature_spreads_the_distribution():
+    logits = make_logits(1, seed=3)
+    cold = draw(logits, 1000, temperature=0.2)
+    hot = draw(logits, 1000, temperature=2.0)
+    assert len(set(hot)) > len(set(cold))
+    best = int(logits.argmax())
+    assert cold.count(best) > hot.count(best)
+
+
+def test_sampling_frequencies_follow_softmax():
+    logits = torch.tensor([[1.0, 0.0, -1.0] + [-30.0] * (VOCAB - 3)])
+    counts = torch.bincount(torch.tensor(draw(logits, 6000)), minlength=VOCAB)[:3].float() / 6000
+    expected = logits[0, :3].softmax(-1)
+    torch.testing.assert_close(counts, expected, atol=0.03, rtol=0)
+
+
+def test_seed_reproduces_regardless_of_batch_and_position():
+    logits = make_logits(3, seed=4)
+    seeded = dict(temperature=1.0, seed=1234, output=[7, 8])
+    alone = sample(logits[1:2], [row(**seeded)]).token_ids[0]
+    rows = [row(temperature=1.0), row(**seeded), row(temperature=0.7)]
+    for _ in range(5):
+        assert sample(logits, rows).token_ids[1] == alone
+    moved = sample(logits[[1, 0]], [row(**seeded), row(temperature=1.0)])
+    assert moved.token_ids[0] == alone
+
+
+def test_different_seeds_and_steps_give_different_draws():
+    logits = torch.zeros((1, VOCAB))  # uniform: any repeat across 20 draws would be chance
+    picks = {sample(logits, [row(seed=s)]).token_ids[0] for s in range(20)}
+    assert len(picks) > 10
+    steps = {sample(logits, [row(seed=5, output=[1] * n)]).token_ids[0] for n in range(20)}
+    assert len(steps) > 10
+
+
+def test_repetition_penalty_divides_positive_and_multiplies_negative_seen_logits():
+    logits = torch.tensor([[2.0, -2.0, 2.0, -2.0] + [0.0] * (VOCAB - 4)])
+    out = apply_penalties(logits, [row(prompt=[0], output=[1], repetition_penalty=2.0)])
+    assert out[0, :4].tolist() == [1.0, -4.0, 2.0, -2.0]
+
+
+def test_presence_and_frequency_penalties_count_output_tokens_only():
+    logits = torch.zeros((1, VOCAB))
+    r = row(prompt=[5, 5], output=[3, 3, 3, 4], presence_penalty=0.5, frequency_penalty=0.25)
+    out = apply_penalties(logits, [r])
+    assert out[0, 3].item() == pytest.approx(-(0.5 + 3 * 0.25))
+    assert out[0, 4].item() == pytest.approx(-(0.5 + 0.25))
+    assert out[0, 5].item() == 0.0  # prompt tokens are not penalised by presence/frequency
+
+
+def test_penalty_changes_the_greedy_pick():
+    logits = torch.tensor([[5.0, 4.0] + [0.0] * (VOCAB - 2)])
+    assert sample(logits, [row(temperature=0.0, output=[0])]).token_ids == [0]
+    penalised = sample(logits, [row(temperature=0.0, output=[0], frequency_penalty=2.0)])
+    assert penalised.token_ids == [1]
+
+
+def test_min_tokens_blocks_eos_and_stop_tokens_until_reached():
+    logits = torch.tensor([[9.0, 8.0, 7.0] + [0.0] * (VOCAB - 3)])
+    params = dict(temperature=0.0, min_tokens=2, max_tokens=5, eos_token_ids=(0,))
+    assert sample(logits, [row(**params, stop_token_ids=(1,))]).token_ids == [2]
+    assert sample(logits, [row(**params, output=[4, 4])]).token_ids == [0]
+
+
+def test_logprobs_are_of_the_raw_distribution_with_top_alternatives():
+    logits = make_logits(2, seed=5)
+    out = sample(logits, [row(temperature=0.5, logprobs=3), row(temperature=0.0)])
+    raw = logits.log_softmax(-1)
+    assert out.logprobs is not None and out.top_logprobs is not None
+    for i, token in enumerate(out.token_ids):
+        assert out.logprobs[i] == pytest.approx(float(raw[i, token]), abs=1e-5)
+    best = raw[0].topk(3)
+    assert [t for t, _ in out.top_logprobs[0]] == best.indices.tolist()
+    assert all(
+        math.isclose(v, float(b), abs_tol=1e-5)
+        for (_, v), b in zip(out.top_logprobs[0], best.values, strict=True)
+    )
+    assert out.top_logprobs[1] == []  # the second row asked for none
