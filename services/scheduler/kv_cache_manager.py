@@ -61,6 +61,12 @@ class KVCacheManager:
         """Extend the request's table to hold `num_computed_tokens` + the hit blocks +
         `num_new_tokens`. Returns the blocks appended (hits first), or None, having changed
         nothing, when not every needed block is free."""
+        if not new_computed_blocks:  # fast path: a decode token that fits in the last block
+            table = self.req_to_blocks.get(request.request_id)
+            if table and request.num_computed_tokens + num_new_tokens <= len(table) * (
+                self.block_size
+            ):
+                return []
         num_new_blocks = self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks)
         if num_new_blocks is None:
             return None

@@ -160,7 +160,7 @@ class Scheduler:
         i = 0
         while i < len(self.running) and token_budget > 0:
             request = self.running[i]
-            num_new = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
             if num_new <= 0:  # its sample is still in flight
                 i += 1
                 continue
@@ -242,19 +242,26 @@ class Scheduler:
 
     def _cached_seq(self, request: Request, num_new: int, step_id: int) -> CachedSequence:
         table = self.kv.req_to_blocks[request.request_id]
-        seq = CachedSequence(
-            seq_id=request.request_id,
-            new_token_ids=request.all_token_ids[request.num_sent_tokens :],
-            new_block_ids=[b.block_id for b in table[request.num_sent_blocks :]],
-            num_computed_tokens=request.num_computed_tokens,
-            num_scheduled_tokens=num_new,
+        num_blocks = len(table)
+        new_block_ids = (
+            [b.block_id for b in table[request.num_sent_blocks :]]
+            if request.num_sent_blocks < num_blocks
+            else []
         )
-        self._mark_sent(request, num_new, len(table), step_id)
+        # Positional: this runs once per running sequence per step.
+        seq = CachedSequence(
+            request.request_id,
+            request.all_token_ids[request.num_sent_tokens :],
+            new_block_ids,
+            request.num_computed_tokens,
+            num_new,
+        )
+        self._mark_sent(request, num_new, num_blocks, step_id)
         return seq
 
     @staticmethod
     def _mark_sent(request: Request, num_new: int, num_blocks: int, step_id: int) -> None:
-        request.num_sent_tokens = request.num_tokens
+        request.num_sent_tokens = len(request.all_token_ids)
         request.num_sent_blocks = num_blocks
         request.num_computed_tokens += num_new
         request.scheduled_step_id = step_id
@@ -280,8 +287,8 @@ class Scheduler:
             request = self.requests.get(seq_id)
             if request is None or request.status is not RUNNING:
                 continue  # aborted or preempted since the plan
-            if request.scheduled_step_id != step_id or request.num_computed_tokens != (
-                request.num_tokens
+            if request.scheduled_step_id != step_id or request.num_computed_tokens != len(
+                request.all_token_ids
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
                 continue
@@ -310,14 +317,18 @@ class Scheduler:
                 top_logprobs=top_logprobs,
                 stop_token_id=token_id if is_stop_token else None,
             )
-        return TokenDelta(
+        num_prompt = request.num_prompt_tokens
+        return TokenDelta(  # positional: once per sampled sequence per step
             request.request_id,
             token_ids,
             logprobs,
             top_logprobs,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=request.num_output_tokens,
-            num_cached_tokens=max(request.num_cached_tokens, 0),
+            None,
+            None,
+            None,
+            num_prompt,
+            len(request.all_token_ids) - num_prompt,
+            max(request.num_cached_tokens, 0),
         )
 
     def _fail_unsampled(self, scheduled: list[Request]) -> list[TokenDelta]:
