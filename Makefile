@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test test-unit test-integration test-kernels lint format bench clean
+.PHONY: install serve test test-unit test-integration test-kernels lint format bench bench-kernels clean
 
 install: $(STAMP)
 
@@ -46,6 +46,9 @@ format: install
 
 bench: install
 	$(BIN)/python -m benchmarks.scheduler_overhead
+
+bench-kernels: install
+	$(BIN)/python -m benchmarks.kernels
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
