@@ -1,0 +1,56 @@
+from __future__ import annotations
+
+from services.gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+
+TEXTS = [
+    "Hello, world!",
+    "Ça va? 你好, 世界 — naïve café 🙂🚀 done",
+    "emoji only 👩‍👩‍👧‍👦",
+    "  leading and   inner spaces\nnew line\ttab",
+]
+
+
+def stream(info, token_ids, step=1):
+    detok = IncrementalDetokenizer(info.tokenizer)
+    pieces = []
+    for i in range(0, len(token_ids), step):
+        pieces.append(detok.add(token_ids[i : i + step]))
+    pieces.append(detok.finish())
+    return pieces
+
+
+def test_one_token_at_a_time_equals_full_decode(info):
+    for text in TEXTS:
+        ids = info.tokenizer.encode(text, add_special_tokens=False)
+        pieces = stream(info, ids)
+        assert "".join(pieces) == info.tokenizer.decode(ids, skip_special_tokens=True) == text
+        assert not any(REPLACEMENT_CHAR in piece for piece in pieces)
+
+
+def test_multibyte_characters_split_across_tokens_are_held_back(info):
+    ids = info.tokenizer.encode("🙂", add_special_tokens=False)
+    assert len(ids) > 1, "the test needs a character that spans tokens"
+    detok = IncrementalDetokenizer(info.tokenizer)
+    assert [detok.add([t]) for t in ids[:-1]] == [""] * (len(ids) - 1)
+    assert detok.add([ids[-1]]) == "🙂"
+    assert detok.finish() == ""
+
+
+def test_chunks_of_several_tokens(info):
+    ids = info.tokenizer.encode(TEXTS[1], add_special_tokens=False)
+    assert "".join(stream(info, ids, step=3)) == TEXTS[1]
+
+
+def test_special_tokens_are_skipped(info):
+    tok = info.tokenizer
+    start = tok.convert_tokens_to_ids("<|im_start|>")
+    ids = [start, *tok.encode("hi there", add_special_tokens=False), tok.eos_token_id]
+    pieces = stream(info, ids)
+    assert "".join(pieces) == "hi there" == tok.decode(ids, skip_special_tokens=True)
+
+
+def test_a_truncated_character_is_flushed_at_the_end(info):
+    ids = info.tokenizer.encode("ok 🙂", add_special_tokens=False)[:-1]  # cut mid-character
+    pieces = stream(info, ids)
+    assert "".join(pieces) == info.tokenizer.decode(ids, skip_special_tokens=True)
+    assert REPLACEMENT_CHAR not in "".join(pieces[:-1])  # only the final flush may hold one

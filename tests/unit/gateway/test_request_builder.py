@@ -1,0 +1,67 @@
+from __future__ import annotations
+
+import pytest
+
+from services.gateway.errors import APIError
+from services.gateway.openai_schema import parse_chat_request, parse_completion_request
+from services.gateway.request_builder import (
+    check_lengths,
+    engine_requests,
+    tokenize_chat,
+    tokenize_completion,
+)
+
+
+def build(info, **fields):
+    request = parse_completion_request({"prompt": "hi there", **fields})
+    prompts = tokenize_completion(request, info)
+    check_lengths(prompts, request.sampling, info.max_model_len, "max_tokens")
+    return engine_requests("cmpl-1", prompts, request.sampling, info, "gw")
+
+
+def test_fan_out_n_with_seeds(info):
+    requests = build(info, n=3, seed=10, max_tokens=5, prompt=["a", "b c"])
+    assert [r.request_id for r in requests] == [f"cmpl-1-{i}" for i in range(6)]
+    assert [r.sampling.seed for r in requests] == [10, 11, 12, 10, 11, 12]
+    assert requests[0].prompt_token_ids == requests[2].prompt_token_ids
+    assert requests[3].prompt_token_ids == info.tokenizer.encode("b c")
+    assert all(r.gateway_id == "gw" and r.arrival_time > 0 for r in requests)
+    assert requests[0].sampling.eos_token_ids == info.eos_token_ids != ()
+    for r in requests:
+        r.sampling.validate()
+
+
+def test_default_max_tokens_fills_the_model(info):
+    (request,) = build(info)
+    assert request.sampling.max_tokens == info.max_model_len - len(request.prompt_token_ids)
+    assert request.sampling.seed is None
+
+
+def test_too_long_says_both_numbers(info):
+    with pytest.raises(APIError) as error:
+        build(info, max_tokens=info.max_model_len)
+    message = error.value.message
+    assert error.value.status == 400 and error.value.param == "max_tokens"
+    assert str(info.max_model_len) in message and "prompt tokens" in message
+
+
+def test_prompt_alone_too_long(info):
+    with pytest.raises(APIError, match="maximum context length of 256"):
+        build(info, prompt=[5] * info.max_model_len)
+
+
+def test_token_ids_outside_the_vocabulary(info):
+    with pytest.raises(APIError, match=f"outside \\[0, {info.vocab_size}\\)"):
+        build(info, prompt=[1, info.vocab_size])
+    with pytest.raises(APIError, match="stop_token_ids"):
+        build(info, stop_token_ids=[info.vocab_size + 5])
+
+
+def test_chat_template_with_generation_prompt(info):
+    request = parse_chat_request({"messages": [{"role": "user", "content": "hello"}]})
+    (prompt,) = tokenize_chat(request, info)
+    text = info.tokenizer.decode(prompt.token_ids)
+    assert text.endswith("<|im_start|>assistant\n") and "hello" in text
+    # The template writes the special tokens: none added on top (no doubled first token).
+    assert prompt.token_ids[0] != prompt.token_ids[1]
+    assert text.count("<|im_start|>") == 3  # system (the template's default), user, assistant
