@@ -5,6 +5,7 @@ kernel given a wrong layout reads out of bounds silently instead of raising."""
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -93,9 +94,17 @@ def upcast_for_dot(tensor: torch.Tensor) -> bool:
 
 
 def num_multiprocessors(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return 1
+    """SMs of a CUDA device (1 elsewhere), for the split-K heuristic."""
+    if device.type != "cuda":
+        return 1
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return cuda_multiprocessors(index)
+
+
+@functools.cache
+def cuda_multiprocessors(index: int) -> int:
+    # Queried once per device: the decode wrapper asks on every call.
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def output_like(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:

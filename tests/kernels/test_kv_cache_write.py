@@ -25,6 +25,7 @@ def sentinel_caches(
         (2, 128, 32, torch.float16),
         (3, 64, 16, torch.bfloat16),
         (1, 128, 32, torch.float32),
+        (2, 80, 16, torch.float16),
     ],
 )
 def test_write_matches_reference(

@@ -26,6 +26,7 @@ CASES = [
     (5, 1, 128, 16, F16, 1),
     (5, 1, 64, 32, F32, 3),
     (8, 2, 64, 16, F16, None),
+    (6, 2, 80, 16, BF16, 2),  # head_dim not a power of two: padded lanes masked
 ]
 
 

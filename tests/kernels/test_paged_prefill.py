@@ -38,6 +38,7 @@ CASES = [
     (5, 1, 64, 32, F32, "mixed"),
     (5, 1, 128, 16, F16, "extend"),
     (8, 2, 64, 16, BF16, "prefill"),
+    (6, 2, 80, 32, F16, "mixed"),  # head_dim not a power of two: padded lanes masked
 ]
 
 
