@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("queue",)
+SUBCOMMANDS: tuple[str, ...] = ("queue", "generate")
 
 
 def build_parser() -> argparse.ArgumentParser:

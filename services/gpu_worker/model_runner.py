@@ -19,6 +19,7 @@ import torch
 
 from services.gpu_worker.attention.base import build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
+from services.gpu_worker.default_model import ensure_model
 from services.gpu_worker.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
@@ -30,7 +31,6 @@ from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
 from services.gpu_worker.sampler import SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
 from shared.config import CacheConfig
-from shared.model_files import resolve_model_dir
 from shared.protocol import StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -88,7 +88,7 @@ class ModelRunner:
             torch.set_num_threads(os.cpu_count() or 1)
         self.dtype = resolve_dtype(dtype, self.device)
         self.rank, self.world_size = get_tp_rank(), get_tp_world_size()
-        self.model_dir = resolve_model_dir(str(model))
+        self.model_dir = ensure_model(model)  # converts the default model on first use
         backend_cls = get_attention_backend_cls(attention_backend, self.device)
         self.model = load_model(
             self.model_dir, backend_cls, self.dtype, self.device, show_progress and self.rank == 0
