@@ -1,0 +1,95 @@
+"""Compiles every kernel ahead of time for an NVIDIA sm_90 (H100/H200) target, without a GPU,
+along the GPU code path (native fp16/bf16 tl.dot, no interpreter), and prints one JSON line
+per kernel with facts about the generated PTX. Run in a process without TRITON_INTERPRET:
+
+    python -m tests.kernels.cuda_compile_check
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.compiler import compile as triton_compile
+
+from kernels.kv_cache_write import kv_cache_write_kernel
+from kernels.paged_decode import paged_decode_kernel, paged_decode_reduce_kernel
+from kernels.paged_prefill import paged_prefill_kernel
+
+TARGET = GPUTarget("cuda", 90, 32)
+# Llama-3-8B attention: 32 query heads over 8 KV heads of 128, pages of 16 tokens.
+SHAPE = {"HEAD_DIM": 128, "HEAD_PAD": 128, "BLOCK_SIZE": 16}
+
+
+def signature(fn, pointer_types: dict[str, str], constexprs: dict[str, object]) -> ASTSource:
+    """What a launch with 16-byte aligned tensors and strides divisible by 16 specialises to."""
+    names = fn.arg_names
+    types = {}
+    for name in names:
+        if name in constexprs:
+            types[name] = "constexpr"
+        else:
+            types[name] = pointer_types.get(name, "fp32" if name == "scale_log2" else "i32")
+    aligned = [
+        n
+        for n in names
+        if n.endswith("_ptr") or n.startswith(("stride_k", "stride_v", "stride_q", "stride_o"))
+    ]
+    return ASTSource(
+        fn=fn,
+        signature=types,
+        constexprs={(names.index(k),): v for k, v in constexprs.items()},
+        attrs={(names.index(n),): [["tt.divisibility", 16]] for n in aligned},
+    )
+
+
+def sources(dtype: str) -> dict[str, ASTSource]:
+    upcast = dtype == "fp32"
+    data = {"query_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}"}
+    tables = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
+    decode = {"GROUP": 4, "GROUP_PAD": 16, "TILE_N": 64, "UPCAST": upcast, **SHAPE}
+    out = []
+    for split in (False, True):
+        ptrs = {**data, **tables, "out_ptr": "*fp32" if split else f"*{dtype}", "lse_ptr": "*fp32"}
+        out.append(
+            (
+                f"decode split={split}",
+                signature(paged_decode_kernel, ptrs, {**decode, "SPLIT": split}),
+            )
+        )
+    ptrs = {**data, **tables, "out_ptr": f"*{dtype}", "query_start_loc_ptr": "*i32"}
+    prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 16, "TILE_N": 64, "UPCAST": upcast, **SHAPE}
+    out.append(("prefill", signature(paged_prefill_kernel, ptrs, prefill)))
+    ptrs = {"out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
+    reduce = {"NUM_SPLITS": 5, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
+    out.append(("decode reduce", signature(paged_decode_reduce_kernel, ptrs, reduce)))
+    ptrs = {n: f"*{dtype}" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")}
+    write = {"NUM_KV_HEADS": 8, "HEADS_PAD": 8, **SHAPE}
+    out.append(
+        ("kv write", signature(kv_cache_write_kernel, {**ptrs, "slot_mapping_ptr": "*i64"}, write))
+    )
+    return dict(out)
+
+
+def main() -> None:
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("unset TRITON_INTERPRET: this compiles for the GPU")
+    for dtype in ("fp16", "bf16", "fp32"):
+        for name, source in sources(dtype).items():
+            kernel = triton_compile(source, target=TARGET)
+            ptx = kernel.asm["ptx"]
+            facts = {
+                "kernel": name,
+                "dtype": dtype,
+                "shared_bytes": kernel.metadata.shared,
+                "cp_async": len(re.findall(r"cp\.async\.", ptx)),
+                "mma": len(re.findall(r"\bmma\.sync\b|\bwgmma\.", ptx)),
+            }
+            print(json.dumps(facts), flush=True)
+
+
+if __name__ == "__main__":
+    main()
