@@ -30,7 +30,7 @@ class RunningGateway:
     config: GatewayConfig
     server: uvicorn.Server
     thread: threading.Thread
-    engine: ScriptedEngine
+    engine: ScriptedEngine | None
 
     @property
     def base_url(self) -> str:
@@ -38,15 +38,20 @@ class RunningGateway:
 
     def client(self, **kwargs: object) -> httpx.Client:
         headers = {"Authorization": f"Bearer {self.config.api_key}"} if self.config.api_key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=20, **kwargs)
+        kwargs.setdefault("timeout", 20)
+        return httpx.Client(base_url=self.base_url, headers=headers, **kwargs)  # type: ignore[arg-type]
 
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
-        self.engine.stop()
+        if self.engine is not None:
+            self.engine.stop()
 
 
-def start_gateway(redis_url: str, info: TokenizerInfo, **overrides: object) -> RunningGateway:
+def start_gateway(
+    redis_url: str, info: TokenizerInfo, engine: bool = True, **overrides: object
+) -> RunningGateway:
+    """A gateway thread; with `engine`, a scripted engine on the same namespace."""
     namespace = f"test-{uuid.uuid4().hex[:8]}"
     fields: dict[str, object] = dict(
         model="smollm2", served_model_name=MODEL_NAME, redis_url=redis_url,
@@ -69,8 +74,8 @@ def start_gateway(redis_url: str, info: TokenizerInfo, **overrides: object) -> R
         if time.monotonic() > deadline or not thread.is_alive():
             raise RuntimeError("the gateway did not start")
         time.sleep(0.02)
-    engine = ScriptedEngine(redis_url, namespace, info.tokenizer).start()
-    return RunningGateway(config, server, thread, engine)
+    scripted = ScriptedEngine(redis_url, namespace, info.tokenizer).start() if engine else None
+    return RunningGateway(config, server, thread, scripted)
 
 
 @pytest.fixture(scope="session")

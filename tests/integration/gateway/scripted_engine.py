@@ -62,7 +62,7 @@ class ScriptedEngine:
 
     def stop(self) -> None:
         self._stop.set()
-        for thread in self._threads:
+        for thread in list(self._threads):
             thread.join(timeout=5)
         self.redis.close()
 
@@ -78,9 +78,11 @@ class ScriptedEngine:
                     except (KeyError, ProtocolError):
                         continue  # a filler entry a test put there: leave it queued
                     self.received.append(request)
-                    threading.Thread(
+                    thread = threading.Thread(
                         target=self._answer, args=(entry_id, request), daemon=True
-                    ).start()
+                    )
+                    thread.start()
+                    self._threads.append(thread)
 
     def _read_aborts(self) -> None:
         last_id = "0-0"
