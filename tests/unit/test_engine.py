@@ -3,6 +3,7 @@ prefix-cache hits, preemption and chunked prefill."""
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -121,3 +122,51 @@ def test_mismatched_sampling_list_is_rejected(tiny_llama_dir):
     engine = make_engine(tiny_llama_dir)
     with pytest.raises(ValueError, match="2 prompts but 1 sampling"):
         engine.generate([[1], [2]], [GREEDY])
+
+
+def test_cli_generate_writes_jsonl(tiny_llama_dir, tmp_path):
+    from services.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text(
+        '{"prompt_token_ids": [5, 6, 7]}\n\n{"prompt_token_ids": [9], "max_tokens": 2}\n'
+    )
+    out = tmp_path / "out.jsonl"
+    argv = ["generate", "--model", str(tiny_llama_dir), "--prompts", str(prompts)]
+    argv += ["--output", str(out), "--max-tokens", "4", "--dtype", "float32", "--ignore-eos"]
+    assert main(argv) == 0
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [len(r["token_ids"]) for r in records] == [4, 2]
+    assert [r["finish_reason"] for r in records] == ["length", "length"]
+    engine = make_engine(tiny_llama_dir)
+    assert records[0]["token_ids"] == engine.generate([[5, 6, 7]], GREEDY)[0].token_ids[:4]
+
+
+def test_cli_generate_reports_bad_input(tiny_llama_dir, tmp_path, capsys):
+    from services.cli import main
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt_token_ids": [5], "temperature": -1}\n')
+    argv = ["generate", "--model", str(tiny_llama_dir), "--prompts", str(prompts)]
+    assert main([*argv, "--output", str(tmp_path / "o.jsonl")]) == 1
+    assert "temperature must be >= 0, got -1" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_default_model_greedy_matches_hf():
+    from services.gpu_worker.default_model import ensure_default_model
+
+    model_dir = ensure_default_model()
+    engine = LLMEngine(
+        "smollm2",
+        SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024),
+        CacheConfig(block_size=16, num_blocks=128),
+        dtype="float32",
+    )
+    texts = ["The capital of France is", "def fibonacci(n):", "Once upon a time, " * 12]
+    results = engine.generate(texts, SamplingParams(temperature=0, max_tokens=10, ignore_eos=True))
+    hf = load_hf(model_dir)
+    for result in results:
+        ref = hf_greedy(hf, result.prompt_token_ids, 10)
+        assert_matches_hf(result.token_ids, ref, result.text or "")
+    assert "Paris" in results[0].text
