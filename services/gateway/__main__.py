@@ -40,6 +40,12 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     add(
         "--max-pending-requests", type=int, default=int(env_default("max_pending_requests", "4096"))
     )
+    add(
+        "--shutdown-timeout",
+        type=float,
+        default=float(env_default("shutdown_timeout", "30")),
+        help="on SIGTERM: seconds open requests may take before they are aborted",
+    )
     args = parser.parse_args(argv)
     try:
         return GatewayConfig(
@@ -54,6 +60,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             gateway_id=args.gateway_id or f"gw-{uuid.uuid4().hex[:12]}",
             max_model_len=args.max_model_len,
             max_pending_requests=args.max_pending_requests,
+            shutdown_timeout=args.shutdown_timeout,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -66,6 +73,7 @@ def main(argv: list[str] | None = None) -> None:
     import uvicorn
 
     from services.gateway.app import build_app
+    from services.gateway.drain import Drainer, DrainingServer
     from services.gateway.engine_client import EngineClient
     from services.gateway.tokenizer import load_tokenizer
 
@@ -73,12 +81,16 @@ def main(argv: list[str] | None = None) -> None:
     client = EngineClient(
         config.redis_url, config.namespace, config.gateway_id, config.max_pending_requests
     )
-    app = build_app(config, info, client)
+    drainer = Drainer(client, config.shutdown_timeout)
+    app = build_app(config, info, client, drainer)
     logger.info(
         "gateway %s serving %s (max_model_len %d) on http://%s:%d",
         config.gateway_id, config.model_name, info.max_model_len, config.host, config.port,
     )  # fmt: skip
-    uvicorn.run(app, host=config.host, port=config.port, log_level="warning")
+    server = DrainingServer(
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"), drainer
+    )
+    server.run()
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.completion_session import CompletionSession
+from services.gateway.drain import Drainer, DrainMiddleware
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
@@ -268,8 +269,14 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return APIError(exc.status_code, str(exc.detail), code=code).response()
 
 
-def build_app(config: GatewayConfig, info: TokenizerInfo, client: EngineClient) -> Starlette:
-    """The ASGI app. The engine client starts and stops with the app's lifespan."""
+def build_app(
+    config: GatewayConfig,
+    info: TokenizerInfo,
+    client: EngineClient,
+    drainer: Drainer | None = None,
+) -> Starlette:
+    """The ASGI app. The engine client starts and stops with the app's lifespan; with a
+    `drainer`, requests are refused with 503 once it starts draining."""
     routes = GatewayRoutes(config, info, client)
 
     @contextlib.asynccontextmanager
@@ -289,11 +296,12 @@ def build_app(config: GatewayConfig, info: TokenizerInfo, client: EngineClient) 
             Route("/metrics", routes.metrics_text, methods=["GET"]),
         ],
         middleware=[
+            *([Middleware(DrainMiddleware, drainer=drainer)] if drainer else []),
             Middleware(
                 GatewayMiddleware,
                 api_key=config.api_key,
                 metrics_require_key=config.metrics_require_key,
-            )
+            ),
         ],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,

@@ -96,6 +96,15 @@ class EngineClient:
     def num_open_streams(self) -> int:
         return len(self._streams)
 
+    def finish_open_streams(self, finish_reason: str, error: str | None = None) -> list[str]:
+        """End every open stream here with a final delta, without asking the engines (used
+        when shutting down); returns the ids of the requests so ended."""
+        request_ids = list(self._streams)
+        for request_id in request_ids:
+            delta = TokenDelta(request_id, [], finish_reason=finish_reason, error=error)
+            self._streams[request_id].put_nowait(delta)
+        return request_ids
+
     async def submit(self, requests: list[GenerateRequest]) -> None:
         """Queue requests for the engines; 503 when the queue is full or Redis is down."""
         try:
