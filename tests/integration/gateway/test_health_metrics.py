@@ -1,0 +1,98 @@
+"""/health from the engines' status records, /metrics under vLLM's names."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import redis
+
+from shared.keys import RedisKeys
+from shared.status import EngineStatus, to_fields
+
+pytestmark = pytest.mark.integration
+
+
+def publish(gateway, status: EngineStatus) -> None:
+    keys = RedisKeys(gateway.config.namespace)
+    r = redis.Redis.from_url(gateway.config.redis_url)
+    r.sadd(keys.engines, status.engine_id)
+    r.hset(keys.engine(status.engine_id), mapping=to_fields(status))
+    r.close()
+
+
+def test_health_follows_engine_status(gateway):
+    with gateway.client() as c:
+        r = c.get("/health")
+        assert r.status_code == 503 and r.json()["reason"] == "no engine has registered"
+        publish(gateway, EngineStatus("e1", time=time.time() - 60, workers_alive=True))
+        r = c.get("/health")
+        assert r.status_code == 503 and "e1: status 60" in r.json()["reason"]
+        publish(gateway, EngineStatus("e1", time=time.time(), workers_alive=False))
+        r = c.get("/health")
+        assert r.status_code == 503 and "workers_alive=False" in r.json()["reason"]
+        publish(gateway, EngineStatus("e1", time=time.time(), workers_alive=True))
+        r = c.get("/health")
+        assert r.status_code == 200 and r.json() == {"status": "ok", "engines": ["e1"]}
+
+
+def test_gateway_heartbeat_registers_it(gateway):
+    keys = RedisKeys(gateway.config.namespace)
+    r = redis.Redis.from_url(gateway.config.redis_url)
+    deadline = time.monotonic() + 5
+    while not r.exists(keys.gateway(gateway.config.gateway_id)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert 0 < r.ttl(keys.gateway(gateway.config.gateway_id)) <= 10
+    assert r.sismember(keys.gateways, gateway.config.gateway_id)
+    r.close()
+
+
+def test_request_status_and_stream_cleanup(gateway):
+    with gateway.client() as c:
+        assert c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4}).status_code == 200
+    keys = RedisKeys(gateway.config.namespace)
+    r = redis.Redis.from_url(gateway.config.redis_url)
+    (request,) = gateway.engine.received
+    status = r.hgetall(keys.request(request.request_id))
+    assert (
+        status[b"state"] == b"queued"
+        and status[b"gateway_id"].decode() == gateway.config.gateway_id
+    )
+    assert 0 < r.ttl(keys.request(request.request_id)) <= 24 * 3600
+    deadline = time.monotonic() + 2  # consumed output entries are deleted
+    while r.xlen(keys.output(gateway.config.gateway_id)) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert r.xlen(keys.output(gateway.config.gateway_id)) == 0
+    r.close()
+
+
+def sample(text: str, name: str) -> float:
+    for line in text.splitlines():
+        if line.startswith(name + "{") or line.startswith(name + " "):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} not in /metrics")
+
+
+def test_metrics_names_and_values(gateway):
+    publish(gateway, EngineStatus(
+        "e1", time=time.time(), workers_alive=True, num_running=3, num_waiting=2, kv_usage=0.25,
+        prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=1,
+    ))  # fmt: skip
+    with gateway.client() as c:
+        c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
+        c.post("/v1/completions", json={"prompt": "x", "max_tokens": 60, "stop": ["world"]})
+        text = c.get("/metrics").text
+    assert sample(text, "vllm:num_requests_running") == 3
+    assert sample(text, "vllm:num_requests_waiting") == 2
+    assert sample(text, "vllm:kv_cache_usage_perc") == 0.25
+    assert sample(text, "vllm:prefix_cache_queries_total") == 100
+    assert sample(text, "vllm:prefix_cache_hits_total") == 40
+    assert sample(text, "vllm:num_preemptions_total") == 1
+    assert sample(text, "vllm:time_to_first_token_seconds_count") == 2
+    assert sample(text, "vllm:e2e_request_latency_seconds_count") == 2
+    assert sample(text, "vllm:inter_token_latency_seconds_count") > 0
+    assert sample(text, "vllm:prompt_tokens_total") > 0
+    assert sample(text, "vllm:generation_tokens_total") >= 4
+    assert 'vllm:request_success_total{finished_reason="length"' in text
+    assert 'vllm:request_success_total{finished_reason="stop"' in text
+    assert "# TYPE vllm:request_queue_time_seconds histogram" in text
