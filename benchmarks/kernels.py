@@ -58,6 +58,9 @@ class BenchResult:
     def bandwidth_gbs(self) -> float:
         return self.num_bytes / (self.median_us * 1e-6) / 1e9
 
+    def tflops(self) -> float:
+        return attention_flops(self.case) / (self.median_us * 1e-6) / 1e12
+
 
 def gpu_cases() -> list[BenchCase]:
     llama8b = {"num_heads": 32, "num_kv_heads": 8, "head_dim": 128, "block_size": 16}
@@ -153,6 +156,17 @@ def bytes_moved(case: BenchCase, inputs: dict[str, torch.Tensor]) -> int:
         return 4 * num_tokens * kv_row  # read key and value, write both into the cache
     q_and_out = 2 * num_tokens * case.num_heads * case.head_dim * elt
     return 2 * sum(case.context_lens) * kv_row + q_and_out
+
+
+def attention_flops(case: BenchCase) -> int:
+    """Multiply-adds x 2 of QK^T and PV over the keys each new token attends (causal)."""
+    if case.op == "kv_write":
+        return 0
+    num_pairs = 0
+    for seq_len, q_len in zip(case.context_lens, case.query_lens, strict=True):
+        prefix = seq_len - q_len
+        num_pairs += q_len * prefix + q_len * (q_len + 1) // 2
+    return 4 * num_pairs * case.num_heads * case.head_dim
 
 
 def launchers(
@@ -263,8 +277,8 @@ def markdown(results: list[BenchResult], device_name: str, copy_gbs: float, smok
         f"Copy bandwidth (device-to-device, read + write): {copy_gbs:.1f} GB/s",
         "",
         "| case | op | Hq/Hkv/D | block | dtype | splits | median us | GB/s | % of copy "
-        "| max abs err | ok |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| TFLOP/s | max abs err | ok |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         c = r.case
@@ -273,7 +287,7 @@ def markdown(results: list[BenchResult], device_name: str, copy_gbs: float, smok
             f"| {c.name} | {c.op} | {c.num_heads}/{c.num_kv_heads}/{c.head_dim} | "
             f"{c.block_size} | {c.dtype} | {r.num_splits if r.num_splits else '-'} | "
             f"{r.median_us:.1f} | {r.bandwidth_gbs():.1f} | "
-            f"{100 * r.bandwidth_gbs() / copy_gbs:.0f}% | {r.max_error:.2e} | "
+            f"{100 * r.bandwidth_gbs() / copy_gbs:.0f}% | {r.tflops():.2f} | {r.max_error:.2e} | "
             f"{'ok' if ok else 'FAIL'} |"
         )
     return "\n".join(lines) + "\n"

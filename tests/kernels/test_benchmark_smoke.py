@@ -26,6 +26,7 @@ def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow
 def test_smoke_run_writes_a_table_of_correct_results(tmp_path: Path) -> None:
     result = run_benchmark("--smoke", "--out-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
@@ -44,3 +45,16 @@ def test_real_run_without_cuda_exits_non_zero(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "needs a CUDA device" in result.stdout
     assert not list(tmp_path.iterdir())
+
+
+def test_flop_and_byte_counts() -> None:
+    from benchmarks.kernels import BenchCase, attention_flops, bytes_moved, make_inputs
+
+    case = BenchCase("x", "prefill", (10, 3), (4, 1), 2, 1, 8, 16, "fp16")
+    # Seq 0: 4 new tokens after a 6-token prefix attend 7..10 keys; seq 1 attends 3.
+    assert attention_flops(case) == 4 * (7 + 8 + 9 + 10 + 3) * 2 * 8
+    inputs = make_inputs(case, torch.device("cpu"))
+    kv = 2 * (10 + 3) * 1 * 8 * 2  # K and V rows of every context token, fp16
+    q_and_out = 2 * 5 * 2 * 8 * 2
+    assert bytes_moved(case, inputs) == kv + q_and_out
+    assert sorted(inputs["block_tables"].flatten().tolist()) == [0, 1]  # a permutation

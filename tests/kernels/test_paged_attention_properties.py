@@ -3,6 +3,7 @@ of chunk lengths, cached prefixes, group sizes and split counts."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -24,6 +25,7 @@ sequences = st.lists(
 )
 
 
+@pytest.mark.slow
 @KERNEL_SETTINGS
 @given(
     seqs=sequences,
@@ -60,6 +62,7 @@ def test_prefill_on_random_batches(
     torch.testing.assert_close(out, expected, **TOLERANCES[torch.float32])
 
 
+@pytest.mark.slow
 @KERNEL_SETTINGS
 @given(
     seq_lens=st.lists(st.integers(1, 300), min_size=1, max_size=4),
