@@ -242,9 +242,9 @@ def paged_decode_attention(
 
     `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
     flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
-    device sync the heuristic otherwise needs. `out`, if given, receives the result.
-    seq_lens must be >= 1 and fit the block table
-    (not checked on device: that would sync)."""
+    device sync the heuristic otherwise needs; an understated one drops keys from splits.
+    `out`, if given, receives the result. seq_lens must be >= 1 and fit the block table (not
+    checked on device: that would sync)."""
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
@@ -253,17 +253,15 @@ def paged_decode_attention(
     out = output_like(query, out)
     if num_seqs == 0:
         return out
+    if num_splits != 1 and max_seq_len is None:
+        max_seq_len = int(seq_lens.max())  # a device sync; callers that know it pass it
     if num_splits is None:
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max())
         num_sms = num_multiprocessors(query.device)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
     group = num_heads // num_kv_heads
     tile_n = max(TILE_TOKENS, block_size)
     split = num_splits > 1
     if split:
-        if max_seq_len is None:
-            max_seq_len = int(seq_lens.max())
         tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
         partial, lse = split_buffers(num_seqs, num_heads, num_splits, head_dim, query.device)
         target, target_strides = partial, partial.stride()[:3]
