@@ -44,6 +44,15 @@ def cpu_supports_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def cpu_threads(world_size: int) -> int:
+    """`PAGEDSERVE_NUM_THREADS`, else this process's share of the cores: ranks on one machine
+    that each spin up every core's worth of OpenMP threads slow each other down badly."""
+    override = os.environ.get("PAGEDSERVE_NUM_THREADS")
+    if override:
+        return max(1, int(override))
+    return max(1, len(os.sched_getaffinity(0)) // world_size)
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """ "auto": bf16 on CUDA and on CPUs with native bf16, else float32."""
     if isinstance(dtype, torch.dtype):
@@ -85,7 +94,7 @@ class ModelRunner:
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device.index or get_tp_rank())
         else:
-            torch.set_num_threads(os.cpu_count() or 1)
+            torch.set_num_threads(cpu_threads(get_tp_world_size()))
         self.dtype = resolve_dtype(dtype, self.device)
         self.rank, self.world_size = get_tp_rank(), get_tp_world_size()
         self.model_dir = ensure_model(model)  # converts the default model on first use
