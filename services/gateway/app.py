@@ -169,10 +169,8 @@ class GatewayRoutes:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
         prompts = await asyncio.to_thread(tokenize_chat, parsed, self.info)
-        body_name = "max_tokens"
-        if parsed.sampling.max_tokens is not None:
-            body_name = "max_completion_tokens"
-        check_lengths(prompts, parsed.sampling, self.info.max_model_len, body_name)
+        max_len = self.info.max_model_len
+        check_lengths(prompts, parsed.sampling, max_len, parsed.max_tokens_param, "messages")
         return await self._generate(request, "chat", parsed, prompts)
 
     async def _generate(

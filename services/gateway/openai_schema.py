@@ -73,6 +73,7 @@ class ChatRequest:
     stream: bool = False
     include_usage: bool = False
     add_generation_prompt: bool = True
+    max_tokens_param: str = "max_tokens"  # which name the client used, for error messages
 
 
 # ---------------------------------------------------------------------------------------------
@@ -346,4 +347,5 @@ def parse_chat_request(body: Any) -> ChatRequest:
         stream=stream,
         include_usage=include_usage,
         add_generation_prompt=read_bool(body, "add_generation_prompt", True),
+        max_tokens_param=name,
     )

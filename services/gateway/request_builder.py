@@ -55,7 +55,11 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
 
 
 def check_lengths(
-    prompts: list[PromptInput], options: SamplingOptions, max_model_len: int, param: str
+    prompts: list[PromptInput],
+    options: SamplingOptions,
+    max_model_len: int,
+    param: str,
+    prompt_param: str = "prompt",
 ) -> None:
     """A 400 saying both numbers when a prompt cannot fit with its max_tokens."""
     for prompt in prompts:
@@ -64,7 +68,7 @@ def check_lengths(
             raise bad_request(
                 f"the prompt has {num_prompt} tokens, which leaves no room in this model's "
                 f"maximum context length of {max_model_len} tokens",
-                "prompt" if param == "max_tokens" else "messages",
+                prompt_param,
             )
         if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
             raise bad_request(

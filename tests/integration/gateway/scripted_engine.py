@@ -4,6 +4,7 @@ consumer group and answers with token deltas it chooses, the way the real schedu
 
 What it answers depends on markers in the decoded prompt:
     [error:<code>]  one delta with finish_reason "error" and that error_code
+    [error-after:<code>]  two tokens of `reply`, then the error
     [hang]          nothing until aborted (for disconnect tests)
     anything else   `reply` tokenized, one token per delta, up to max_tokens
 """
@@ -107,6 +108,11 @@ class ScriptedEngine:
         prompt = self.tokenizer.decode(request.prompt_token_ids)
         num_prompt = len(request.prompt_token_ids)
         error = re.search(r"\[error:(\w+)\]", prompt)
+        late_error = re.search(r"\[error-after:(\w+)\]", prompt)
+        if late_error:
+            for token_id in self.tokenizer.encode(self.reply, add_special_tokens=False)[:2]:
+                self._send(request.gateway_id, TokenDelta(request.request_id, [token_id]))
+            error = late_error
         if error:
             self._send(request.gateway_id, TokenDelta(
                 request.request_id, [], finish_reason="error", error=f"scripted {error[1]}",

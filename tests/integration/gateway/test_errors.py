@@ -68,6 +68,19 @@ def test_too_long_prompt_says_both_numbers(gateway, info):
     assert error["param"] == "max_tokens"
 
 
+def test_chat_too_long_names_the_parameter_used(gateway):
+    messages = [{"role": "user", "content": "word " * 300}]
+    with gateway.client() as c:
+        r = c.post("/v1/chat/completions", json={"messages": messages})
+        assert error_of(r, 400)["param"] == "messages"
+        short = [{"role": "user", "content": "hi"}]
+        r = c.post("/v1/chat/completions", json={"messages": short, "max_tokens": 250})
+        assert error_of(r, 400)["param"] == "max_tokens"
+        body = {"messages": short, "max_completion_tokens": 250}
+        error = error_of(c.post("/v1/chat/completions", json=body), 400)
+        assert error["param"] == "max_completion_tokens" and "+ 250" in error["message"]
+
+
 def test_oversized_body_is_413(gateway):
     with gateway.client() as c:
         big = b'{"prompt": "' + b"a" * (MAX_BODY_BYTES + 10) + b'"}'
@@ -103,6 +116,19 @@ def test_engine_errors_get_their_status(gateway, code, status, error_type):
             if status == 503:
                 assert r.headers["retry-after"] == "1"
         still_serving(c)
+
+
+def test_engine_error_after_headers_is_a_final_event(gateway):
+    body = {"prompt": "x [error-after:engine_error]", "stream": True}
+    with gateway.client() as c:
+        r = c.post("/v1/completions", json=body)
+    assert r.status_code == 200
+    events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]"
+    error = json.loads(events[-2])["error"]
+    assert error["type"] == "server_error" and error["code"] == "engine_error"
+    texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
+    assert "".join(texts) == "Hello!"
 
 
 def test_queue_full_is_503_with_retry_after(redis_url, info):
