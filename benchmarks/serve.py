@@ -1,0 +1,261 @@
+"""`pagedserve bench`: an asyncio load generator against any OpenAI-compatible server.
+
+Sends a workload (synthetic lognormal lengths or a JSONL file) as streaming requests, either
+as a Poisson process at `--request-rate` (inf: all at once) or with at most
+`--max-concurrency` in flight, or once per level of `--concurrency-sweep`. Reports throughput
+and TTFT / TPOT / ITL / E2E distributions, writes JSON and PNG plots, and can run the
+Hugging Face `generate` baseline on the same workload in the same run (`--hf-baseline`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from benchmarks.latency_stats import RequestRecord, summarize
+from benchmarks.sse_client import EndpointConfig, send_request
+from benchmarks.status_sampler import StatusSampler
+from benchmarks.workload import BenchRequest, poisson_arrival_times
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    request_rate: float = math.inf  # Poisson arrivals per second; inf: all at once
+    max_concurrency: int | None = None  # None: unbounded
+    seed: int = 0
+    timeout_s: float = 600.0  # per request
+
+    def __post_init__(self) -> None:
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {self.max_concurrency}")
+        if self.request_rate <= 0:
+            raise ValueError(
+                f"request_rate must be > 0 (inf: all at once), got {self.request_rate}"
+            )
+
+
+async def _send_at(
+    client: httpx.AsyncClient,
+    endpoint: EndpointConfig,
+    request: BenchRequest,
+    send_time: float,
+    gate: asyncio.Semaphore | None,
+) -> RequestRecord:
+    delay = send_time - time.perf_counter()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    if gate is None:
+        return await send_request(client, endpoint, request)
+    async with gate:
+        return await send_request(client, endpoint, request)
+
+
+async def run_load(
+    endpoint: EndpointConfig,
+    requests: list[BenchRequest],
+    load: LoadConfig,
+    sampler: StatusSampler | None = None,
+) -> dict[str, Any]:
+    """Send every request; the run's summary, its per-request records and status samples."""
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    timeout = httpx.Timeout(load.timeout_s, connect=30.0)
+    gate = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
+    offsets = poisson_arrival_times(len(requests), load.request_rate, load.seed)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
+        start = time.perf_counter()
+        if sampler is not None:
+            sampler.samples.clear()
+            sampler.start(start)
+        tasks = [
+            _send_at(client, endpoint, request, start + offset, gate)
+            for request, offset in zip(requests, offsets, strict=True)
+        ]
+        records = await asyncio.gather(*tasks)
+        duration = time.perf_counter() - start
+        samples = await sampler.stop() if sampler is not None else []
+    summary = summarize(records, duration)
+    summary["max_concurrency"] = load.max_concurrency
+    summary["request_rate"] = load.request_rate if math.isfinite(load.request_rate) else "inf"
+    summary["status_samples"] = [asdict(s) for s in samples]
+    summary["records"] = [_record_json(r) for r in records]
+    return summary
+
+
+def _record_json(record: RequestRecord) -> dict[str, Any]:
+    return {
+        "prompt_len": record.prompt_len,
+        "output_len": record.num_output_tokens,
+        "ttft_s": record.ttft,
+        "tpot_s": record.tpot,
+        "e2e_s": record.e2e,
+        "error": record.error,
+    }
+
+
+async def wait_until_ready(endpoint: EndpointConfig, timeout_s: float = 120.0) -> None:
+    """Poll `/health` (falling back to `/v1/models`) until the server answers 200."""
+    root = endpoint.base_url.rstrip("/").removesuffix("/v1")
+    deadline = time.monotonic() + timeout_s
+    last = "no answer"
+    async with httpx.AsyncClient(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            for path in ("/health", "/v1/models"):
+                try:
+                    response = await client.get(root + path, headers=endpoint.headers)
+                    if response.status_code == 200:
+                        return
+                    last = f"{path}: HTTP {response.status_code} {response.text[:200]}"
+                except httpx.HTTPError as exc:
+                    last = f"{path}: {exc}"
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"{root} was not ready within {timeout_s}s ({last})")
+
+
+def run_levels(
+    endpoint: EndpointConfig,
+    requests: list[BenchRequest],
+    loads: list[LoadConfig],
+    sampler: StatusSampler | None = None,
+) -> list[dict[str, Any]]:
+    """One run per load level, in order, printing a line after each."""
+    runs = []
+    for load in loads:
+        summary = asyncio.run(run_load(endpoint, requests, load, sampler))
+        print(format_summary_line(summary), flush=True)
+        runs.append(summary)
+    return runs
+
+
+def format_summary_line(summary: dict[str, Any]) -> str:
+    def ms(name: str, key: str) -> str:
+        value = summary[name][key]
+        return "-" if value is None else f"{value:.0f}"
+
+    return (
+        f"concurrency={summary['max_concurrency'] or 'inf'} rate={summary['request_rate']}: "
+        f"{summary['num_completed']}/{summary['num_requests']} ok, "
+        f"{summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.1f} out tok/s, "
+        f"TTFT p50 {ms('ttft_ms', 'p50')} ms p99 {ms('ttft_ms', 'p99')} ms, "
+        f"TPOT p50 {ms('tpot_ms', 'p50')} ms, ITL p50 {ms('itl_ms', 'p50')} ms, "
+        f"E2E p50 {ms('e2e_ms', 'p50')} ms"
+    )
+
+
+def write_json(result: dict[str, Any], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=1, default=str) + "\n")
+
+
+class BenchError(RuntimeError):
+    """A benchmark that cannot start: bad workload, unreachable server, unknown model."""
+
+
+def build_workload(args: Any) -> tuple[list[BenchRequest], Any]:
+    """The requests and the tokenizer that measured them."""
+    from transformers import AutoTokenizer
+
+    from benchmarks.workload import LengthDistribution, load_jsonl_workload, synthetic_workload
+    from services.gpu_worker.default_model import ensure_model
+
+    name = args.tokenizer or args.model
+    try:
+        model_dir = ensure_model(name)
+    except FileNotFoundError as exc:
+        raise BenchError(f"{exc} (pass --tokenizer DIR for a server's model)") from exc
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    try:
+        if args.dataset:
+            return load_jsonl_workload(Path(args.dataset), tokenizer, args.num_prompts), model_dir
+        prompt_lens = LengthDistribution(args.prompt_len, args.prompt_len_sigma,
+                                         *args.prompt_len_range)  # fmt: skip
+        output_lens = LengthDistribution(args.output_len, args.output_len_sigma,
+                                         *args.output_len_range)  # fmt: skip
+        requests = synthetic_workload(tokenizer, args.num_prompts, prompt_lens, output_lens,
+                                      args.seed)  # fmt: skip
+    except (ValueError, TypeError, OSError) as exc:
+        raise BenchError(f"bad workload: {exc}") from exc
+    return requests, model_dir
+
+
+def workload_summary(requests: list[BenchRequest]) -> dict[str, Any]:
+    prompt = [r.prompt_len for r in requests]
+    output = [r.output_len for r in requests]
+    return {
+        "num_requests": len(requests),
+        "prompt_len": {"min": min(prompt), "mean": sum(prompt) / len(prompt), "max": max(prompt)},
+        "output_len": {"min": min(output), "mean": sum(output) / len(output), "max": max(output)},
+        "total_output_tokens": sum(output),
+    }
+
+
+def load_levels(args: Any) -> list[LoadConfig]:
+    if args.concurrency_sweep:
+        return [LoadConfig(args.request_rate, c, args.seed) for c in args.concurrency_sweep]
+    return [LoadConfig(args.request_rate, args.max_concurrency, args.seed)]
+
+
+def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.hf_baseline import run_hf_baseline
+    from services.gpu_worker.default_model import ensure_model
+    from services.gpu_worker.model_runner import resolve_dtype
+
+    hf_dir = ensure_model(args.hf_model) if args.hf_model else model_dir
+    dtype = resolve_dtype(args.hf_dtype, torch.device("cpu"))
+    return run_hf_baseline(hf_dir, requests, dtype, args.hf_batch_sizes)
+
+
+def run_from_args(args: Any) -> int:
+    """The whole `pagedserve bench` run; exit code 1 when any request failed."""
+    requests, model_dir = build_workload(args)
+    endpoint = EndpointConfig(args.base_url, args.model, args.endpoint, args.api_key,
+                              ignore_eos=not args.no_ignore_eos)  # fmt: skip
+    try:
+        asyncio.run(wait_until_ready(endpoint, args.ready_timeout))
+    except TimeoutError as exc:
+        raise BenchError(str(exc)) from exc
+    sampler = None
+    if args.redis_url or args.metrics_url:
+        sampler = StatusSampler(args.redis_url, args.namespace, args.metrics_url)
+    result: dict[str, Any] = {
+        "label": args.label,
+        "base_url": args.base_url,
+        "model": args.model,
+        "endpoint": args.endpoint,
+        "seed": args.seed,
+        "workload": workload_summary(requests),
+        "runs": run_levels(endpoint, requests, load_levels(args), sampler),
+    }
+    best = max(result["runs"], key=lambda r: r["output_throughput"])
+    if args.hf_baseline:
+        result["hf_baseline"] = hf = run_hf(args, requests, model_dir)
+        result["speedup_vs_hf"] = best["output_throughput"] / hf["output_throughput"]
+        print(f"best server run / HF generate: {result['speedup_vs_hf']:.2f}x output tok/s")
+    out = Path(args.out)
+    write_json(result, out.with_suffix(".json"))
+    if not args.no_plots:
+        from benchmarks.plots import write_plots
+
+        for path in write_plots(result, out):
+            print(f"wrote {path}")
+    print(f"wrote {out.with_suffix('.json')}")
+    return 1 if any(r["num_failed"] for r in result["runs"]) else 0
+
+
+if __name__ == "__main__":
+    import argparse
+    import sys
+
+    from services.cli import bench
+
+    root = argparse.ArgumentParser(prog="python -m benchmarks.serve")
+    bench.register(root.add_subparsers(dest="command"))
+    sys.exit(bench.run(root.parse_args(["bench", *sys.argv[1:]])))

@@ -1,0 +1,132 @@
+"""A streaming OpenAI client for benchmarks: one request, its SSE events, its timings.
+
+It speaks to any OpenAI-compatible server (ours, vLLM, TGI, ...): `/v1/completions` or
+`/v1/chat/completions` with `stream: true` and `stream_options.include_usage`, plus vLLM's
+`ignore_eos` extension so that outputs have exactly `max_tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from benchmarks.latency_stats import RequestRecord
+from benchmarks.workload import BenchRequest
+
+DONE = object()  # the `data: [DONE]` sentinel
+
+
+class StreamError(RuntimeError):
+    """The server answered with an error status or an error event mid-stream."""
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    base_url: str  # e.g. http://127.0.0.1:8000 (a trailing /v1 is accepted)
+    model: str
+    endpoint: str = "completions"  # "completions" | "chat"
+    api_key: str | None = None
+    ignore_eos: bool = True
+
+    def __post_init__(self) -> None:
+        if self.endpoint not in ("completions", "chat"):
+            raise ValueError(f"endpoint must be 'completions' or 'chat', got {self.endpoint!r}")
+
+    @property
+    def url(self) -> str:
+        root = self.base_url.rstrip("/").removesuffix("/v1")
+        path = "/v1/completions" if self.endpoint == "completions" else "/v1/chat/completions"
+        return root + path
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def body(self, request: BenchRequest) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "model": self.model,
+            "max_tokens": request.output_len,
+            "temperature": 0.0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+        if self.ignore_eos:
+            body["ignore_eos"] = True
+            body["min_tokens"] = request.output_len  # servers without ignore_eos honour this
+        if self.endpoint == "completions":
+            body["prompt"] = request.prompt
+        else:
+            body["messages"] = [{"role": "user", "content": request.prompt}]
+        return body
+
+
+def parse_sse_line(line: str) -> Any:
+    """One line of an SSE stream -> its JSON payload, `DONE`, or None (blank, comment, or a
+    field other than `data`)."""
+    line = line.strip()
+    if not line.startswith("data:"):
+        return None
+    data = line[len("data:") :].strip()
+    if data == "[DONE]":
+        return DONE
+    try:
+        return json.loads(data)
+    except json.JSONDecodeError as exc:
+        raise StreamError(f"malformed SSE data {data[:80]!r}: {exc}") from exc
+
+
+def chunk_text(event: dict[str, Any]) -> str:
+    """The generated text one event carries ("" for role, usage or finish-only chunks)."""
+    choices = event.get("choices") or []
+    if not choices:
+        return ""
+    choice = choices[0]
+    if "delta" in choice:
+        return (choice["delta"] or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
+def apply_event(event: Any, record: RequestRecord, now: float) -> bool:
+    """Record one parsed event; True when the stream is over."""
+    if event is None:
+        return False
+    if event is DONE:
+        return True
+    if "error" in event:
+        error = event["error"]
+        message = error.get("message", error) if isinstance(error, dict) else error
+        raise StreamError(f"error event: {message}")
+    if chunk_text(event):
+        record.chunk_times.append(now)
+    usage = event.get("usage")
+    if usage and usage.get("completion_tokens") is not None:
+        record.num_output_tokens = int(usage["completion_tokens"])
+    return False
+
+
+async def send_request(
+    client: httpx.AsyncClient, endpoint: EndpointConfig, request: BenchRequest
+) -> RequestRecord:
+    """Stream one request to completion; failures are recorded, never raised."""
+    record = RequestRecord(request.prompt_len, request.output_len)
+    record.start_time = time.perf_counter()
+    try:
+        async with client.stream(
+            "POST", endpoint.url, json=endpoint.body(request), headers=endpoint.headers
+        ) as response:
+            if response.status_code != 200:
+                body = (await response.aread()).decode(errors="replace")[:300]
+                raise StreamError(f"HTTP {response.status_code}: {body}")
+            async for line in response.aiter_lines():
+                if apply_event(parse_sse_line(line), record, time.perf_counter()):
+                    break
+        if record.num_output_tokens == 0:  # a server that sent no usage block
+            record.num_output_tokens = len(record.chunk_times)
+    except (StreamError, httpx.HTTPError) as exc:
+        record.error = f"{type(exc).__name__}: {exc}"
+    record.end_time = time.perf_counter()
+    return record
