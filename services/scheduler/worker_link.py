@@ -95,6 +95,17 @@ class WorkerLink:
         return self._ready.is_set()
 
     @property
+    def plan_endpoint(self) -> str:
+        """The bound plan address (a `tcp://host:*` wildcard resolved)."""
+        assert self._publisher is not None, "start() first"
+        return self._publisher.endpoint
+
+    @property
+    def result_endpoint(self) -> str:
+        assert self._puller is not None, "start() first"
+        return self._puller.endpoint
+
+    @property
     def hellos(self) -> list[WorkerHello]:
         return [r.hello for r in self.ranks if r.hello is not None]
 

@@ -1,0 +1,150 @@
+"""The scheduler's worker link over real loopback sockets, with the test playing two worker
+ranks: readiness, refusals, results (stale ones dropped), and losing a rank."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import zmq
+
+from services.scheduler.worker_link import WorkerLink
+from shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
+from shared.transport import PlanSubscriber, ResultPusher
+
+ANY_PORT = "tcp://127.0.0.1:*"
+
+
+def hello(rank: int, num_blocks: int = 50, block_size: int = 16) -> WorkerHello:
+    return WorkerHello(rank, 2, num_blocks, block_size, 512, "fake", 100 + rank)
+
+
+class FakeRank:
+    def __init__(self, context: zmq.Context, link: WorkerLink, rank: int) -> None:
+        self.rank = rank
+        self.subscriber = PlanSubscriber(context, link.plan_endpoint)
+        self.pusher = ResultPusher(context, link.result_endpoint)
+
+    async def scheduler_epoch(self, timeout_s: float = 5.0) -> str:
+        """Wait for a scheduler heartbeat, as a worker does before saying hello."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = self.subscriber.recv(timeout_s=0)
+            if isinstance(message, Heartbeat):
+                return message.sender.partition(":")[2]
+            await asyncio.sleep(0.02)
+        raise AssertionError("no scheduler heartbeat")
+
+    async def next_plan(self, timeout_s: float = 5.0) -> StepPlan:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            message = self.subscriber.recv(timeout_s=0)
+            if isinstance(message, StepPlan):
+                return message
+            await asyncio.sleep(0.01)
+        raise AssertionError("no plan")
+
+    def beat(self) -> None:
+        self.pusher.send(Heartbeat(f"worker:{self.rank}", time.time()))
+
+    def close(self) -> None:
+        self.subscriber.close()
+        self.pusher.close()
+
+
+async def with_link(scenario, worker_timeout_s: float = 10.0) -> None:
+    link = WorkerLink(ANY_PORT, ANY_PORT, world_size=2, block_size=16,
+                      worker_timeout_s=worker_timeout_s)  # fmt: skip
+    link.start()
+    context = zmq.Context()
+    ranks = [FakeRank(context, link, r) for r in range(2)]
+    try:
+        await scenario(link, ranks)
+    finally:
+        for rank in ranks:
+            rank.close()
+        context.term()
+        await link.close()
+
+
+def test_ready_once_every_rank_said_hello_with_the_smallest_cache():
+    async def scenario(link, ranks):
+        epoch = await ranks[0].scheduler_epoch()
+        assert epoch == link.epoch
+        ranks[0].pusher.send(hello(0, num_blocks=50))
+        assert not await link.wait_ready(0.3)
+        ranks[1].pusher.send(hello(1, block_size=32))  # refused: wrong block size
+        assert not await link.wait_ready(0.3)
+        ranks[1].pusher.send(hello(1, num_blocks=40))
+        assert await link.wait_ready(2.0)
+        assert link.num_blocks == 40 and link.max_model_len == 512
+
+    asyncio.run(with_link(scenario))
+
+
+def test_results_are_matched_to_their_step_and_stale_ones_dropped():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        await ranks[1].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        link.publish(StepPlan(8))
+        for rank in ranks:
+            assert (await rank.next_plan()).step_id == 8
+        ranks[0].pusher.send(StepResult(7, ["old"], [1]))  # a step given up on earlier
+        ranks[0].pusher.send(StepResult(8, ["a"], [5]))
+        result = await link.wait_result(8, timeout_s=2.0)
+        assert result.step_id == 8 and result.token_ids == [5]
+
+    asyncio.run(with_link(scenario))
+
+
+def test_a_silent_rank_is_lost_and_the_step_in_flight_fails():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        link.publish(StepPlan(1))
+        waiting = asyncio.create_task(link.wait_result(1, timeout_s=10.0))
+        for _ in range(15):  # rank 0 keeps beating, rank 1 is silent
+            ranks[0].beat()
+            await asyncio.sleep(0.1)
+        assert await waiting is None
+        assert "worker rank 1 sent nothing" in link.lost_reason
+        assert not link.is_ready
+        old_epoch = link.epoch
+        link.new_epoch()
+        assert link.epoch != old_epoch and link.lost_reason is None and link.hellos == []
+
+    asyncio.run(with_link(scenario, worker_timeout_s=0.8))
+
+
+def test_a_hello_while_ready_means_that_rank_lost_its_state():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        ranks[1].pusher.send(hello(1))  # restarted
+        for _ in range(50):
+            if not link.is_ready:
+                break
+            await asyncio.sleep(0.02)
+        assert "worker rank 1 (pid 101) attached again" in link.lost_reason
+
+    asyncio.run(with_link(scenario))
+
+
+def test_no_result_in_time_is_a_loss():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        link.publish(StepPlan(2))
+        assert await link.wait_result(2, timeout_s=0.3) is None
+        assert "no result for step 2 within 0.3s" in link.lost_reason
+
+    asyncio.run(with_link(scenario))
