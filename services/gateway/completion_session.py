@@ -18,8 +18,9 @@ from services.gateway.errors import APIError, from_engine
 from services.gateway.logprob_formatter import TokenLogprob
 from services.gateway.metrics import GatewayMetrics
 from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from services.gateway.replay_guard import ReplayMismatch
 from services.gateway.response_formatter import Usage
-from shared.protocol import GenerateRequest, TokenDelta
+from shared.protocol import ERROR_ENGINE, GenerateRequest, TokenDelta
 
 
 @dataclass(slots=True)
@@ -76,19 +77,29 @@ class CompletionSession:
             deltas.append(await self.queue.get())
         while not self.queue.empty():
             deltas.append(self.queue.get_nowait())
-        updates = []
-        for delta in deltas:
+        updates: list[tuple[int, ChoiceUpdate]] = []
+        for position, delta in enumerate(deltas):
+            if delta.finish_reason == "error" and updates:
+                self._pending = deltas[position:]  # deliver the text before it first
+                return updates
             self._raise_if_error(delta)
             index = self.index_of.get(delta.request_id)
             if index is None or self.processors[index].finish_reason is not None:
                 continue
-            update = self.processors[index].process(delta)
+            update = self._process(index, delta)
             self.logprobs[index].extend(update.logprobs)
             self._observe(index, delta, update)
             if update.stopped_by_string:
                 await self.client.abort([delta.request_id], "stop")
             updates.append((index, update))
         return updates
+
+    def _process(self, index: int, delta: TokenDelta) -> ChoiceUpdate:
+        try:
+            return self.processors[index].process(delta)
+        except ReplayMismatch as exc:
+            # finish_reason stays None, so that close() aborts it upstream
+            raise from_engine(str(exc), ERROR_ENGINE) from exc
 
     def _raise_if_error(self, delta: TokenDelta) -> None:
         if delta.finish_reason == "error":

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from services.gateway.detokenizer import IncrementalDetokenizer
 from services.gateway.logprob_formatter import TokenLogprob
+from services.gateway.replay_guard import ReplayGuard
 from services.gateway.stop_checker import StopChecker
 from services.gateway.tokenizer import TokenizerInfo
 from shared.protocol import TokenDelta
@@ -29,6 +30,7 @@ class ChoiceProcessor:
     want_logprobs: bool
     detokenizer: IncrementalDetokenizer = field(init=False)
     stop_checker: StopChecker = field(init=False)
+    replay_guard: ReplayGuard = field(default_factory=ReplayGuard)
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0
     num_cached_tokens: int = 0
@@ -40,9 +42,11 @@ class ChoiceProcessor:
         self.stop_checker = StopChecker(self.stop)
 
     def process(self, delta: TokenDelta) -> ChoiceUpdate:
-        """Apply one (non-error) delta. Once finished, further deltas change nothing."""
+        """Apply one (non-error) delta. Once finished, further deltas change nothing. Tokens
+        replayed after an engine restart are dropped (`ReplayGuard`; raises `ReplayMismatch`)."""
         if self.finish_reason is not None:
             return ChoiceUpdate("", [], None)
+        delta = self.replay_guard.admit(delta)
         self.num_prompt_tokens = max(self.num_prompt_tokens, delta.num_prompt_tokens)
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
         self.num_output_tokens += len(delta.token_ids)
