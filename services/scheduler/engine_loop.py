@@ -26,7 +26,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, replace
 
 import redis.asyncio as aioredis
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from services.scheduler.errors import QueueFullError, RequestRejectedError
 from services.scheduler.redis_io import RedisIO, StepWrites, StreamEntry
@@ -68,6 +68,7 @@ class EngineLoopConfig:
     worker_timeout_s: float = 10.0
     max_model_len: int | None = None  # None: what the workers report
     drain_timeout_s: float = 5.0  # on SIGTERM: how long running requests may finish
+    gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
 
 
 @dataclass(slots=True)
@@ -255,7 +256,12 @@ class EngineLoop:
             self.abort_intake += await self.io.read_aborts()
             self._backoff_s = 0.0
         except RedisError as exc:
-            await self._redis_failed("read", exc, wait=False)
+            if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
+                # Redis lost its data (restarted without persistence): recreate the group.
+                logger.warning("the consumer group is gone (%s): creating it again", exc)
+                await self._setup_redis()
+            else:
+                await self._redis_failed("read", exc, wait=False)
 
     async def _resume_own_pending(self) -> None:
         while not self.stopping.is_set():
@@ -441,7 +447,7 @@ class EngineLoop:
 
     async def _gateway_watch_forever(self) -> None:
         while True:
-            await asyncio.sleep(GATEWAY_CHECK_INTERVAL_S)
+            await asyncio.sleep(self.config.gateway_check_interval_s)
             gateway_ids = {i.gateway_id for i in self.inflight.values() if i.gateway_id}
             if not gateway_ids:
                 continue

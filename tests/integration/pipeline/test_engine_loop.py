@@ -1,0 +1,268 @@
+"""The scheduler process's loop in-process against a real Redis, with the real worker loop
+driving a fake model (no torch): Redis semantics of requests, outputs, ACKs, statuses,
+rejections, aborts, restarts and a Redis outage, each in a second or two."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+
+import pytest
+import redis
+
+from services.gpu_worker.worker_loop import WorkerLoop
+from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
+from shared.config import CacheConfig, SchedulerConfig
+from shared.keys import ENGINE_GROUP, RedisKeys
+from shared.protocol import (
+    ERROR_INVALID_REQUEST,
+    AbortRequest,
+    GenerateRequest,
+    SamplingParams,
+    StepPlan,
+    StepResult,
+    TokenDelta,
+    decode,
+    encode,
+)
+from tests.integration.conftest import RedisServer, free_port
+
+pytestmark = pytest.mark.integration
+
+GATEWAY = "gw-test"
+TOKEN = 7
+
+
+class FakeModel:
+    """Samples TOKEN for every sequence whose step reaches its last known token."""
+
+    num_blocks = 64
+    block_size = 16
+    max_model_len = 128
+
+    def __init__(self, step_delay_s: float = 0.0) -> None:
+        self.step_delay_s = step_delay_s
+        self.seqs: dict[str, int] = {}  # seq id -> number of known tokens
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        time.sleep(self.step_delay_s)
+        for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
+            self.seqs.pop(seq_id, None)
+        sampled = []
+        for new in plan.new_seqs:
+            self.seqs[new.seq_id] = len(new.token_ids)
+            if new.num_computed_tokens + new.num_scheduled_tokens == len(new.token_ids):
+                sampled.append(new.seq_id)
+        for cached in plan.cached_seqs:
+            self.seqs[cached.seq_id] += len(cached.new_token_ids)
+            if cached.num_computed_tokens + cached.num_scheduled_tokens == self.seqs[cached.seq_id]:
+                sampled.append(cached.seq_id)
+        return StepResult(plan.step_id, sampled, [TOKEN] * len(sampled))
+
+
+class EngineHarness:
+    """An EngineLoop in its own thread (own event loop) and a WorkerLoop in another."""
+
+    def __init__(self, redis_url: str, namespace: str, engine_id: str = "e1",
+                 step_delay_s: float = 0.0) -> None:  # fmt: skip
+        plan_port, result_port = free_port(), free_port()
+        self.engine = EngineLoop(
+            EngineLoopConfig(
+                engine_id=engine_id, redis_url=redis_url, namespace=namespace,
+                plan_address=f"tcp://127.0.0.1:{plan_port}",
+                result_address=f"tcp://127.0.0.1:{result_port}",
+                scheduler_config=SchedulerConfig(max_model_len=128),
+                cache_config=CacheConfig(block_size=16), worker_timeout_s=5.0,
+                gateway_check_interval_s=0.5,
+            )
+        )  # fmt: skip
+        self.worker = WorkerLoop(
+            FakeModel(step_delay_s), 0, 1, f"tcp://127.0.0.1:{plan_port}",
+            f"tcp://127.0.0.1:{result_port}", "fake",
+        )  # fmt: skip
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._threads = [
+            threading.Thread(target=self._run_engine, daemon=True),
+            threading.Thread(target=self.worker.run, daemon=True),
+        ]
+        for thread in self._threads:
+            thread.start()
+
+    def _run_engine(self) -> None:
+        async def main() -> None:
+            self._loop = asyncio.get_running_loop()
+            await self.engine.run()
+
+        asyncio.run(main())
+
+    def wait_ready(self, timeout_s: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.engine.scheduler is None:
+            assert time.monotonic() < deadline, "the engine never attached its worker"
+            time.sleep(0.02)
+
+    def stop(self) -> None:
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self.engine.request_stop)
+        self._threads[0].join(timeout=15)
+        self.worker.stop_event.set()
+        self._threads[1].join(timeout=5)
+        assert not any(t.is_alive() for t in self._threads)
+
+
+class Client:
+    """What a gateway does in Redis, by hand."""
+
+    def __init__(self, redis_url: str, namespace: str) -> None:
+        self.redis = redis.Redis.from_url(redis_url)
+        self.keys = RedisKeys(namespace)
+        self.redis.set(self.keys.gateway(GATEWAY), "1", ex=60)
+        self.cursor = "0-0"
+        self.deltas: dict[str, list[TokenDelta]] = {}
+
+    def submit(self, request_id: str, max_tokens: int = 4, gateway_id: str = GATEWAY,
+               prompt_len: int = 5) -> GenerateRequest:  # fmt: skip
+        request = GenerateRequest(
+            request_id, list(range(3, 3 + prompt_len)),
+            SamplingParams(temperature=0.0, max_tokens=max_tokens), gateway_id=gateway_id,
+        )  # fmt: skip
+        self.redis.xadd(self.keys.requests, {"m": encode(request)})
+        return request
+
+    def abort(self, request_id: str) -> None:
+        self.redis.xadd(self.keys.aborts, {"m": encode(AbortRequest([request_id], "test"))})
+
+    def finished(self, request_ids: list[str], timeout_s: float = 10.0) -> dict[str, TokenDelta]:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            done = {r: d[-1] for r, d in self.deltas.items() if d and d[-1].finished}
+            if all(r in done for r in request_ids):
+                return done
+            assert time.monotonic() < deadline, f"unfinished: {set(request_ids) - set(done)}"
+            answer = self.redis.xread({self.keys.output(GATEWAY): self.cursor}, block=100)
+            for _, entries in answer or []:
+                for entry_id, fields in entries:
+                    self.cursor = entry_id
+                    for delta in decode(fields[b"m"]).deltas:
+                        self.deltas.setdefault(delta.request_id, []).append(delta)
+
+    def status(self, request_id: str) -> dict[str, str]:
+        fields = self.redis.hgetall(self.keys.request(request_id))
+        return {k.decode(): v.decode() for k, v in fields.items()}
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"loop-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+def engine(redis_url, namespace):
+    harness = EngineHarness(redis_url, namespace)
+    harness.wait_ready()
+    yield harness
+    harness.stop()
+
+
+def test_requests_complete_with_acks_and_status_timelines(engine, redis_url, namespace):
+    client = Client(redis_url, namespace)
+    for i in range(5):
+        client.submit(f"r{i}", max_tokens=4)
+    done = client.finished([f"r{i}" for i in range(5)])
+    for i in range(5):
+        tokens = [t for d in client.deltas[f"r{i}"] for t in d.token_ids]
+        assert tokens == [TOKEN] * 4 and done[f"r{i}"].finish_reason == "length"
+        status = client.status(f"r{i}")
+        assert status["state"] == "finished" and status["engine_id"] == "e1"
+        assert status["num_output_tokens"] == "4" and status["num_prompt_tokens"] == "5"
+        times = [float(status[k]) for k in ("scheduled_at", "first_token_at", "finished_at")]
+        assert times == sorted(times) and times[0] > 0
+    assert client.redis.xlen(client.keys.requests) == 0  # ACKed and deleted
+    assert client.redis.xpending(client.keys.requests, ENGINE_GROUP)["pending"] == 0
+
+
+def test_an_impossible_request_is_answered_with_invalid_request_and_acked(
+    engine, redis_url, namespace
+):
+    client = Client(redis_url, namespace)
+    client.submit("too-long", max_tokens=200)  # 5 + 200 > max_model_len 128
+    client.submit("fine", max_tokens=2)
+    done = client.finished(["too-long", "fine"])
+    rejected = done["too-long"]
+    assert rejected.finish_reason == "error" and rejected.error_code == ERROR_INVALID_REQUEST
+    assert "128" in rejected.error
+    assert client.status("too-long")["state"] == "failed"
+    assert done["fine"].finish_reason == "length"
+    assert client.redis.xlen(client.keys.requests) == 0
+
+
+def test_an_abort_that_overtakes_its_request_still_aborts_it(engine, redis_url, namespace):
+    client = Client(redis_url, namespace)
+    client.abort("early")
+    time.sleep(0.3)  # the engine reads the abort before the request exists
+    client.submit("early", max_tokens=50)
+    done = client.finished(["early"])
+    assert done["early"].finish_reason == "abort"
+    assert all(not d.token_ids for d in client.deltas["early"])
+
+
+def test_a_restart_with_the_same_engine_id_resumes_unacked_requests(redis_url, namespace):
+    client = Client(redis_url, namespace)
+    keys = client.keys
+    client.redis.xgroup_create(keys.requests, ENGINE_GROUP, id="0", mkstream=True)
+    for i in range(3):
+        client.submit(f"p{i}", max_tokens=3)
+    # A previous life of engine "e1" took them and died before finishing any.
+    taken = client.redis.xreadgroup(ENGINE_GROUP, "e1", {keys.requests: ">"}, count=10)
+    assert len(taken[0][1]) == 3
+    harness = EngineHarness(redis_url, namespace, engine_id="e1")
+    try:
+        done = client.finished(["p0", "p1", "p2"])
+        assert all(d.finish_reason == "length" for d in done.values())
+        assert client.redis.xlen(keys.requests) == 0
+    finally:
+        harness.stop()
+
+
+def test_requests_of_a_dead_gateway_are_aborted(redis_url, namespace):
+    harness = EngineHarness(redis_url, namespace, step_delay_s=0.02)
+    try:
+        harness.wait_ready()
+        client = Client(redis_url, namespace)
+        client.submit("orphan", max_tokens=120, gateway_id="gw-dead", prompt_len=2)
+        deadline = time.monotonic() + 10
+        while client.status("orphan").get("state") != "aborted":
+            assert time.monotonic() < deadline, client.status("orphan")
+            time.sleep(0.1)
+        assert int(client.status("orphan")["num_output_tokens"]) < 120
+        assert client.redis.xlen(client.keys.requests) == 0
+    finally:
+        harness.stop()
+
+
+@pytest.mark.slow
+def test_the_engine_rides_out_a_redis_restart():
+    server = RedisServer()
+    server.start()
+    namespace = "outage"
+    harness = EngineHarness(server.url, namespace)
+    try:
+        harness.wait_ready()
+        client = Client(server.url, namespace)
+        client.submit("before", max_tokens=2)
+        client.finished(["before"])
+        server.stop()
+        time.sleep(1.5)  # the engine sees connection errors and backs off
+        port = server.port
+        server = RedisServer()
+        server.port = port
+        server.start()  # empty: the consumer group is gone too
+        client = Client(server.url, namespace)
+        deadline = time.monotonic() + 15
+        client.submit("after", max_tokens=2)
+        client.finished(["after"], timeout_s=deadline - time.monotonic())
+    finally:
+        harness.stop()
+        server.stop()
