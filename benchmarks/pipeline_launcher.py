@@ -1,0 +1,111 @@
+"""Start the whole serving pipeline (Redis, scheduler, one worker, gateway) as subprocesses on
+loopback with free ports, for benchmarks and their tests; stopped (process groups killed) on
+exit. The same processes `pagedserve serve` runs, started one by one so that each one's flags
+are explicit here."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+import httpx
+
+from services.cli.ports import free_port
+from services.cli.redis_launcher import RedisServer
+from services.cli.supervisor import ChildSpec, Supervisor
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    model_dir: Path
+    dtype: str = "auto"
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None
+    num_blocks: int | None = None
+    worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
+    startup_timeout_s: float = 180.0
+
+
+class LocalPipeline:
+    """`with LocalPipeline(config) as p:` -> `p.base_url`, `p.redis_url`, `p.namespace`."""
+
+    def __init__(self, config: PipelineConfig, log: TextIO | None = None) -> None:
+        self.config = config
+        self.namespace = f"bench-{uuid.uuid4().hex[:8]}"
+        self.port = free_port()
+        self.redis = RedisServer(free_port())
+        self.supervisor = Supervisor(out=log or sys.stderr)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def redis_url(self) -> str:
+        return self.redis.url
+
+    def _specs(self) -> list[ChildSpec]:
+        c = self.config
+        plan_port, result_port = free_port(), free_port()
+        py = [sys.executable, "-m"]
+        common = ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
+        if c.max_model_len:
+            common += ["--max-model-len", str(c.max_model_len)]
+        scheduler = [*py, "services.scheduler", "--redis-url", self.redis_url,
+                     "--namespace", self.namespace, "--engine-id", f"{self.namespace}-engine",
+                     "--plan-port", str(plan_port), "--result-port", str(result_port),
+                     "--max-num-seqs", str(c.max_num_seqs), *common]  # fmt: skip
+        worker = [*py, "services.gpu_worker", "--model", str(c.model_dir), "--device", "cpu",
+                  "--dtype", c.dtype, "--plan-port", str(plan_port),
+                  "--result-port", str(result_port), *common]  # fmt: skip
+        if c.num_blocks:
+            worker += ["--num-blocks", str(c.num_blocks)]
+        gateway = [*py, "services.gateway", "--model", str(c.model_dir),
+                   "--redis-url", self.redis_url, "--namespace", self.namespace,
+                   "--port", str(self.port), "--gateway-id", f"{self.namespace}-gw"]  # fmt: skip
+        if c.max_model_len:
+            gateway += ["--max-model-len", str(c.max_model_len)]
+        worker_env = dict(os.environ)
+        if c.worker_threads:
+            worker_env["OMP_NUM_THREADS"] = str(c.worker_threads)
+        return [
+            ChildSpec("scheduler", scheduler),
+            ChildSpec("worker", worker, env=worker_env),
+            ChildSpec("gateway", gateway),
+        ]
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start(self) -> LocalPipeline:
+        self.redis.start()
+        try:
+            for spec in self._specs():
+                self.supervisor.start(spec)
+            self.supervisor.wait_until(
+                "the gateway's /health reporting a live engine",
+                self._healthy,
+                self.config.startup_timeout_s,
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop(list(reversed(self.supervisor.children)), timeout_s=10.0)
+        self.redis.stop()
+
+    def __enter__(self) -> LocalPipeline:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

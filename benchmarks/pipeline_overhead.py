@@ -1,0 +1,151 @@
+"""What the service hops cost: the same workload through the in-process engine and through
+HTTP + Redis + ZeroMQ (gateway, scheduler and worker as separate processes).
+
+Both runs send every request at once with fixed output lengths (`ignore_eos`), so they do
+the same model work; the difference in wall time, per engine step and per output token, is
+the pipeline: tokenization and SSE in the gateway, Redis streams both ways, msgpack plans and
+results over ZeroMQ, and the three processes sharing the machine's cores. The in-process run
+also records the KV trace for the KV memory report.
+
+    python -m benchmarks.pipeline_overhead --num-prompts 64 --out benchmarks/results/pipeline
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.kv_memory import build_engine, format_report, kv_report, run_engine
+from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
+from benchmarks.serve import LoadConfig, run_load
+from benchmarks.sse_client import EndpointConfig
+from benchmarks.status_sampler import StatusSampler
+from benchmarks.workload import BenchRequest, LengthDistribution, synthetic_workload
+from shared.keys import RedisKeys
+from shared.status import EngineStatus, from_fields
+
+NUM_WARMUP = 4
+
+
+def in_process(
+    model: str, requests: list[BenchRequest], max_num_seqs: int, dtype: str
+) -> dict[str, Any]:
+    engine = build_engine(model, max_num_seqs, 2048, dtype)
+    run_engine(engine, requests[:NUM_WARMUP], trace=False)
+    run = run_engine(engine, requests)
+    scheduler = engine.scheduler
+    report = kv_report(run.trace, scheduler.block_size, scheduler.num_blocks,
+                       scheduler.config.max_model_len)  # fmt: skip
+    result = {
+        "duration_s": run.duration_s,
+        "num_steps": run.num_steps,
+        "num_output_tokens": run.num_output_tokens,
+        "num_failed": run.num_failed,
+        "output_throughput": run.num_output_tokens / run.duration_s,
+        "step_ms": 1000 * run.duration_s / run.num_steps,
+        "max_batch_size": max(run.batch_sizes),
+        "kv_memory": report,
+    }
+    del engine
+    gc.collect()
+    return result
+
+
+def _engine_steps(redis_url: str, namespace: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = RedisKeys(namespace)
+        total = 0
+        for engine_id in client.smembers(keys.engines):
+            fields = client.hgetall(keys.engine(engine_id.decode()))
+            if fields:
+                total += from_fields(EngineStatus, fields).num_steps
+        return total
+    finally:
+        client.close()
+
+
+def through_pipeline(
+    config: PipelineConfig, requests: list[BenchRequest], model_name: str
+) -> dict[str, Any]:
+    log_path = Path(tempfile.gettempdir()) / "pagedserve-bench-pipeline.log"
+    with log_path.open("w") as log, LocalPipeline(config, log=log) as p:
+        endpoint = EndpointConfig(p.base_url, model_name)
+        asyncio.run(run_load(endpoint, requests[:NUM_WARMUP], LoadConfig()))
+        time.sleep(1.5)  # the scheduler writes its status every second
+        steps_before = _engine_steps(p.redis_url, p.namespace)
+        sampler = StatusSampler(p.redis_url, p.namespace)
+        summary = asyncio.run(run_load(endpoint, requests, LoadConfig(), sampler))
+        time.sleep(1.5)
+        num_steps = _engine_steps(p.redis_url, p.namespace) - steps_before
+    summary["num_steps"] = num_steps
+    summary["step_ms"] = 1000 * summary["duration_s"] / max(num_steps, 1)
+    return summary
+
+
+def compare(inproc: dict[str, Any], pipe: dict[str, Any]) -> dict[str, Any]:
+    tokens = inproc["num_output_tokens"]
+    return {
+        "throughput_loss": 1 - pipe["output_throughput"] / inproc["output_throughput"],
+        "extra_ms_per_step": pipe["step_ms"] - inproc["step_ms"],
+        "extra_ms_per_token": 1000 * (pipe["duration_s"] - inproc["duration_s"]) / tokens,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoTokenizer
+
+    from services.gpu_worker.default_model import ensure_model
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_overhead", description=__doc__)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--num-prompts", type=int, default=64)
+    p.add_argument("--prompt-len", type=int, default=128)
+    p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompt-len-max", type=int, default=1024)
+    p.add_argument("--output-len-max", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=256)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="benchmarks/results/pipeline_overhead")
+    args = p.parse_args(argv)
+    model_dir = ensure_model(args.model)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    requests = synthetic_workload(
+        tokenizer,
+        args.num_prompts,
+        LengthDistribution(args.prompt_len, 0.6, 4, args.prompt_len_max),
+        LengthDistribution(args.output_len, 0.6, 2, args.output_len_max),
+        args.seed,
+    )
+    inproc = in_process(str(model_dir), requests, args.max_num_seqs, args.dtype)
+    print(f"in-process: {inproc['output_throughput']:.1f} out tok/s, "
+          f"{inproc['num_steps']} steps, {inproc['step_ms']:.1f} ms/step")  # fmt: skip
+    print(format_report(inproc["kv_memory"]))
+    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs)
+    pipe = through_pipeline(config, requests, str(model_dir))
+    print(f"pipeline:   {pipe['output_throughput']:.1f} out tok/s, "
+          f"{pipe['num_steps']} steps, {pipe['step_ms']:.1f} ms/step, "
+          f"{pipe['num_failed']} failed")  # fmt: skip
+    result = {"in_process": inproc, "pipeline": pipe, "overhead": compare(inproc, pipe)}
+    o = result["overhead"]
+    print(
+        f"pipeline hops: {100 * o['throughput_loss']:.1f}% of throughput, "
+        f"{o['extra_ms_per_step']:+.1f} ms/step, {o['extra_ms_per_token']:+.2f} ms/token"
+    )
+    out = Path(args.out).with_suffix(".json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

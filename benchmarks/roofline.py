@@ -1,0 +1,133 @@
+"""Roofline note: the engine's decode throughput against the limit its FLOPs set.
+
+A decode step of a batch of B sequences costs, per token, `2 * matmul_params` FLOPs (every
+linear layer and the LM head; the embedding lookup is free) plus attention, `4 * layers *
+context * num_heads * head_dim` (QK^T and PV). The machine's rate is a large square matmul
+timed in the same process, in the engine's dtype and fp32. The limit in tokens/s is
+rate / FLOPs-per-token; on a CPU with small batches decode is usually bound by memory
+bandwidth (weights re-read every step) rather than FLOPs, which the note says when it is.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from benchmarks.kv_memory import build_engine, run_engine
+from benchmarks.workload import BenchRequest
+
+
+def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, num_iters: int = 6) -> float:
+    """Best-of-`num_iters` FLOP rate of a `size` x `size` matmul."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    torch.mm(a, b)  # warm-up: thread pool, kernel choice
+    best = float("inf")
+    for _ in range(num_iters):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * size**3 / best
+
+
+def model_shape(model: Any) -> dict[str, int]:
+    """Parameter counts that matter for FLOPs, from a loaded pagedserve model."""
+    config = model.config
+    num_params = sum(p.numel() for p in model.parameters())
+    embed = config.vocab_size * config.hidden_size
+    tied = bool(getattr(config, "tie_word_embeddings", False))
+    # Tied: the embedding matrix is counted once but used as the LM head matmul too.
+    matmul_params = num_params if tied else num_params - embed
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return {
+        "num_params": num_params,
+        "matmul_params": matmul_params,
+        "num_layers": config.num_hidden_layers,
+        "attention_width": config.num_attention_heads * head_dim,
+    }
+
+
+def flops_per_token(shape: dict[str, int], context_len: float) -> float:
+    attention = 4 * shape["num_layers"] * context_len * shape["attention_width"]
+    return 2 * shape["matmul_params"] + attention
+
+
+def decode_rate(engine: Any, batch_size: int, prompt_len: int, num_decode: int) -> dict[str, Any]:
+    """Decode tokens/s of `batch_size` sequences: the median of the pure-decode steps."""
+    prompt = list(range(100, 100 + prompt_len))
+    requests = [BenchRequest("", [*prompt[i % 7 :], i], num_decode) for i in range(batch_size)]
+    run = run_engine(engine, requests, trace=False)
+    decode_steps = [t for t, b in zip(run.step_times_s, run.batch_sizes, strict=True)
+                    if b == batch_size][1:]  # fmt: skip
+    step_s = statistics.median(decode_steps or run.step_times_s)
+    return {"batch_size": batch_size, "step_ms": 1000 * step_s, "tokens_per_s": batch_size / step_s}
+
+
+def roofline_report(
+    model: str, dtype: str, batch_sizes: Sequence[int], prompt_len: int = 64, num_decode: int = 16
+) -> dict[str, Any]:
+    engine = build_engine(model, max(batch_sizes), 4096, dtype)
+    engine_dtype = engine.runner.dtype
+    rates = {
+        str(engine_dtype).removeprefix("torch."): matmul_flops_per_s(engine_dtype),
+        "float32": matmul_flops_per_s(torch.float32),
+    }
+    shape = model_shape(engine.runner.model)
+    decode_rate(engine, 2, 8, 2)  # warm-up
+    levels = [decode_rate(engine, b, prompt_len, num_decode) for b in batch_sizes]
+    best = max(levels, key=lambda x: x["tokens_per_s"])
+    context = prompt_len + num_decode / 2
+    fpt = flops_per_token(shape, context)
+    rate = rates[str(engine_dtype).removeprefix("torch.")]
+    limit = rate / fpt
+    return {
+        "model": str(engine.model_dir),
+        "dtype": str(engine_dtype).removeprefix("torch."),
+        **shape,
+        "context_len": context,
+        "flops_per_token": fpt,
+        "matmul_flops_per_s": rates,
+        "decode_levels": levels,
+        "best_batch_size": best["batch_size"],
+        "best_decode_tokens_per_s": best["tokens_per_s"],
+        "flop_limit_tokens_per_s": limit,
+        "fraction_of_flop_limit": best["tokens_per_s"] / limit,
+    }
+
+
+def format_roofline(report: dict[str, Any]) -> str:
+    rates = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in report["matmul_flops_per_s"].items())
+    levels = ", ".join(
+        f"B={x['batch_size']}: {x['tokens_per_s']:.0f} tok/s ({x['step_ms']:.0f} ms/step)"
+        for x in report["decode_levels"]
+    )
+    return (
+        f"matmul: {rates}\n"
+        f"model: {report['num_params'] / 1e6:.1f}M params, {report['flops_per_token'] / 1e6:.0f} "
+        f"MFLOP/token at context {report['context_len']:.0f}\n"
+        f"decode ({report['dtype']}): {levels}\n"
+        f"best {report['best_decode_tokens_per_s']:.0f} tok/s at B={report['best_batch_size']} = "
+        f"{100 * report['fraction_of_flop_limit']:.0f}% of the FLOP limit "
+        f"{report['flop_limit_tokens_per_s']:.0f} tok/s"
+    )
+
+
+if __name__ == "__main__":
+    import argparse
+    import json
+    from pathlib import Path
+
+    p = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__)
+    p.add_argument("--model", default="smollm2")
+    p.add_argument("--dtype", default="auto")
+    p.add_argument("--batch-sizes", default="16,64,128")
+    p.add_argument("--out", default="benchmarks/results/roofline.json")
+    args = p.parse_args()
+    report = roofline_report(args.model, args.dtype, [int(b) for b in args.batch_sizes.split(",")])
+    print(format_roofline(report))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
