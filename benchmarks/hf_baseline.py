@@ -22,17 +22,21 @@ from benchmarks.latency_stats import distribution
 from benchmarks.workload import BenchRequest
 
 
-def load_hf_model(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any]:
+def load_hf_model(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any | None]:
+    """The model, and its tokenizer when the directory has one (prompts are token ids)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(os.cpu_count() or 1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    return model, tokenizer
+    has_tokenizer = any((Path(model_dir) / f).is_file()
+                        for f in ("tokenizer.json", "tokenizer_config.json"))  # fmt: skip
+    return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None
 
 
-def _pad_id(model: Any, tokenizer: Any) -> int:
-    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id, model.config.eos_token_id):
+def _pad_id(model: Any, tokenizer: Any | None) -> int:
+    config = model.config
+    tok = (tokenizer.pad_token_id, tokenizer.eos_token_id) if tokenizer is not None else ()
+    for candidate in (*tok, config.pad_token_id, config.eos_token_id):
         if isinstance(candidate, list):
             candidate = candidate[0] if candidate else None
         if candidate is not None:

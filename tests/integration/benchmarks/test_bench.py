@@ -1,0 +1,70 @@
+"""`pagedserve bench` against a real started pipeline (Redis, scheduler, worker, gateway as
+processes) serving a tiny model: the JSON has every metric, no request failed, and the engine
+status was sampled from Redis."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
+from services.cli import main
+from tests.integration.pipeline.served_model import build_served_model
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def pipeline(tmp_path_factory: pytest.TempPathFactory):
+    model_dir = build_served_model(tmp_path_factory.mktemp("served"))
+    config = PipelineConfig(model_dir, dtype="float32", max_num_seqs=8, worker_threads=1)
+    log = (tmp_path_factory.mktemp("logs") / "pipeline.log").open("w")
+    with LocalPipeline(config, log=log) as running:
+        yield running, model_dir
+    log.close()
+
+
+def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -> None:
+    running, model_dir = pipeline
+    out = tmp_path / "bench"
+    code = main([
+        "bench", "--base-url", running.base_url, "--model", str(model_dir),
+        "--num-prompts", "6", "--prompt-len", "12", "--prompt-len-range", "4,40",
+        "--output-len", "6", "--output-len-range", "2,12", "--seed", "3",
+        "--concurrency-sweep", "1,4", "--redis-url", running.redis_url,
+        "--namespace", running.namespace, "--out", str(out),
+    ])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["workload"]["num_requests"] == 6
+    assert [run["max_concurrency"] for run in result["runs"]] == [1, 4]
+    for run in result["runs"]:
+        assert run["num_completed"] == 6 and run["num_failed"] == 0
+        assert run["num_wrong_length"] == 0  # ignore_eos + max_tokens: exact lengths
+        assert run["total_output_tokens"] == result["workload"]["total_output_tokens"]
+        assert run["output_throughput"] > 0 and run["request_throughput"] > 0
+        for metric in ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms"):
+            assert set(run[metric]) == {"mean", "p50", "p90", "p99"}
+            assert 0 < run[metric]["p50"] <= run[metric]["p99"]
+        assert len(run["records"]) == 6
+    assert any(run["status_samples"] for run in result["runs"])
+    assert out.with_name("bench_throughput.png").stat().st_size > 0
+    assert out.with_name("bench_latency_cdf.png").stat().st_size > 0
+
+
+def test_bench_refuses_an_unknown_model_name(pipeline, tmp_path: Path) -> None:
+    running, model_dir = pipeline
+    out = tmp_path / "bad"
+    code = main([
+        "bench", "--base-url", running.base_url, "--model", "no-such-model",
+        "--tokenizer", str(model_dir), "--num-prompts", "2", "--prompt-len", "8",
+        "--prompt-len-range", "4,16", "--output-len", "3", "--output-len-range", "2,4",
+        "--out", str(out), "--no-plots",
+    ])  # fmt: skip
+    assert code == 1  # requests failed, and the JSON says why
+    result = json.loads(out.with_suffix(".json").read_text())
+    [run] = result["runs"]
+    assert run["num_failed"] == 2
+    assert any("no-such-model" in e for e in run["errors"])
