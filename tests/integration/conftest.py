@@ -34,7 +34,7 @@ class RedisServer:
 
     def __init__(self) -> None:
         self.port = free_port()
-        self.dir = tempfile.mkdtemp(prefix="pagedserve-redis-")
+        self.dir = ""
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -42,6 +42,8 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
+        """Start (or restart, on the same port) the server."""
+        self.dir = tempfile.mkdtemp(prefix="pagedserve-redis-")
         args = [redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1",
                 "--save", "", "--appendonly", "no", "--dir", self.dir]  # fmt: skip
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -13,7 +13,7 @@ import redis
 from services.gateway.gateway_config import MAX_BODY_BYTES
 from tests.integration.conftest import free_port
 from tests.integration.gateway.conftest import MODEL_NAME, start_gateway
-from tests.integration.gateway.scripted_engine import DEFAULT_REPLY
+from tests.integration.gateway.scripted_engine import DEFAULT_REPLY, ScriptedEngine
 
 pytestmark = pytest.mark.integration
 
@@ -218,3 +218,27 @@ def wait_for_abort(gateway, since: float) -> None:
     arrived, abort = gateway.engine.aborts[0]
     assert arrived - since < 1.0
     assert abort.reason == "client disconnected"
+
+
+def test_redis_restart_is_survived(info):
+    from tests.integration.conftest import RedisServer
+
+    server = RedisServer()
+    server.start()
+    running = start_gateway(server.url, info)
+    try:
+        with running.client() as c:
+            still_serving(c)
+            running.engine.stop()
+            server.stop()
+            error = error_of(c.post("/v1/completions", json={"prompt": "x"}), 503)
+            assert "unreachable" in error["message"]
+            assert c.get("/health").status_code == 503
+            server.start()  # same port, empty data: the gateway reconnects by itself
+            running.engine = ScriptedEngine(
+                server.url, running.config.namespace, info.tokenizer
+            ).start()
+            still_serving(c)
+    finally:
+        running.stop()
+        server.stop()
