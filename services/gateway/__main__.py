@@ -46,6 +46,12 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         default=float(env_default("shutdown_timeout", "30")),
         help="on SIGTERM: seconds open requests may take before they are aborted",
     )
+    add(
+        "--engine-loss-timeout",
+        type=float,
+        default=float(env_default("engine_loss_timeout", "30")),
+        help="seconds without any live engine after which open requests fail with a 503",
+    )
     args = parser.parse_args(argv)
     try:
         return GatewayConfig(
@@ -61,6 +67,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             max_model_len=args.max_model_len,
             max_pending_requests=args.max_pending_requests,
             shutdown_timeout=args.shutdown_timeout,
+            engine_loss_timeout=args.engine_loss_timeout,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -79,7 +86,11 @@ def main(argv: list[str] | None = None) -> None:
 
     info = load_tokenizer(config.model, config.max_model_len)
     client = EngineClient(
-        config.redis_url, config.namespace, config.gateway_id, config.max_pending_requests
+        config.redis_url,
+        config.namespace,
+        config.gateway_id,
+        config.max_pending_requests,
+        config.engine_loss_timeout,
     )
     drainer = Drainer(client, config.shutdown_timeout)
     app = build_app(config, info, client, drainer)

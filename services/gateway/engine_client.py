@@ -5,6 +5,11 @@ and hands each `TokenDelta` to its request's asyncio.Queue, deleting what it con
 stream stays short. Deltas for requests nobody waits for any more (aborted, disconnected) are
 dropped. Redis being down is never fatal: calls raise a 503 `APIError`, the background tasks
 retry with backoff.
+
+No request waits forever for an engine that is gone: a watch task reads the engines' status
+records, and once none has been live for `engine_loss_timeout_s` it ends every open stream with
+a `no_live_engine` error (503). A scheduler restart or a replica's claim within that bound is
+invisible to the client (see `replay_guard.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import time
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.gateway.errors import APIError, unavailable
+from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
 from shared.keys import RedisKeys
 from shared.protocol import (
     AbortRequest,
@@ -45,15 +50,22 @@ READ_BLOCK_MS = 1000
 READ_COUNT = 256
 ABORTS_MAXLEN = 100_000  # the aborts stream is read by every engine, never consumed: cap it
 MAX_BACKOFF_S = 2.0
+ENGINE_WATCH_INTERVAL_S = 2.0
 
 
 class EngineClient:
     """Redis in/out for one gateway replica."""
 
     def __init__(
-        self, redis_url: str, namespace: str, gateway_id: str, max_pending_requests: int
+        self,
+        redis_url: str,
+        namespace: str,
+        gateway_id: str,
+        max_pending_requests: int,
+        engine_loss_timeout_s: float = 30.0,
     ) -> None:
         self.keys = RedisKeys(namespace)
+        self.engine_loss_timeout_s = engine_loss_timeout_s
         self.gateway_id = gateway_id
         self.max_pending_requests = max_pending_requests
         self.redis = aioredis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
@@ -65,6 +77,7 @@ class EngineClient:
         self._tasks = [
             asyncio.create_task(self._read_outputs(), name="gateway-output-reader"),
             asyncio.create_task(self._heartbeat(), name="gateway-heartbeat"),
+            asyncio.create_task(self._watch_engines(), name="gateway-engine-watch"),
         ]
 
     async def close(self) -> None:
@@ -96,12 +109,16 @@ class EngineClient:
     def num_open_streams(self) -> int:
         return len(self._streams)
 
-    def finish_open_streams(self, finish_reason: str, error: str | None = None) -> list[str]:
+    def finish_open_streams(
+        self, finish_reason: str, error: str | None = None, error_code: str | None = None
+    ) -> list[str]:
         """End every open stream here with a final delta, without asking the engines (used
         when shutting down); returns the ids of the requests so ended."""
         request_ids = list(self._streams)
         for request_id in request_ids:
-            delta = TokenDelta(request_id, [], finish_reason=finish_reason, error=error)
+            delta = TokenDelta(
+                request_id, [], finish_reason=finish_reason, error=error, error_code=error_code
+            )
             self._streams[request_id].put_nowait(delta)
         return request_ids
 
@@ -211,6 +228,26 @@ class EngineClient:
                 self.num_dropped_deltas += 1
                 continue
             queue.put_nowait(delta)
+
+    async def _watch_engines(self) -> None:
+        last_live = time.monotonic()
+        while True:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            try:
+                statuses = await self.engine_statuses()
+            except RedisError:
+                continue  # the output reader and submit() report Redis trouble
+            if any(self.is_live(s) for s in statuses):
+                last_live = time.monotonic()
+                continue
+            down_s = time.monotonic() - last_live
+            if self._streams and down_s > self.engine_loss_timeout_s:
+                message = (
+                    f"no engine has been live for {down_s:.0f}s (limit "
+                    f"{self.engine_loss_timeout_s:g}s); the request was not finished"
+                )
+                ended = self.finish_open_streams("error", message, ERROR_NO_LIVE_ENGINE)
+                logger.error("ended %d open request(s): %s", len(ended), message)
 
     async def _heartbeat(self) -> None:
         while True:

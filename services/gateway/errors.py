@@ -13,6 +13,7 @@ from starlette.responses import JSONResponse
 from shared.protocol import ERROR_ENGINE, ERROR_INVALID_REQUEST, ERROR_QUEUE_FULL
 
 RETRY_AFTER_S = 1  # what a refused client is told to wait before retrying
+ERROR_NO_LIVE_ENGINE = "no_live_engine"  # the gateway gave up waiting for any engine: 503
 
 
 class APIError(Exception):
@@ -68,8 +69,8 @@ def unavailable(message: str, code: str = "service_unavailable") -> APIError:
 def from_engine(error: str | None, error_code: str | None) -> APIError:
     """The HTTP answer to a TokenDelta that finished with "error"."""
     message = error or "the engine failed the request without a message"
-    if error_code == ERROR_QUEUE_FULL:
-        return unavailable(message, code=ERROR_QUEUE_FULL)
+    if error_code in (ERROR_QUEUE_FULL, ERROR_NO_LIVE_ENGINE):
+        return unavailable(message, code=error_code)
     if error_code == ERROR_INVALID_REQUEST:
         return APIError(400, message, code=ERROR_INVALID_REQUEST)
     # ERROR_ENGINE and anything unknown: not the client's fault.

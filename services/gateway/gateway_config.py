@@ -24,6 +24,7 @@ class GatewayConfig:
     max_pending_requests: int = 4096  # unfinished requests in the queue beyond which: 503
     max_body_bytes: int = MAX_BODY_BYTES
     shutdown_timeout: float = 30.0  # on SIGTERM: seconds open requests get before "abort"
+    engine_loss_timeout: float = 30.0  # no live engine this long: open requests end in a 503
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -32,6 +33,8 @@ class GatewayConfig:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.engine_loss_timeout <= 0:
+            raise ValueError(f"engine_loss_timeout must be > 0, got {self.engine_loss_timeout}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
         if self.api_key == "":

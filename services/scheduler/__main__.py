@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-prefix-caching", action="store_true", default=_flag("no_prefix_caching"))
     p.add_argument("--worker-timeout", type=float, default=float(e("worker_timeout", "10")))
     p.add_argument("--drain-timeout", type=float, default=float(e("drain_timeout", "5")))
+    p.add_argument(
+        "--worker-recovery-timeout",
+        type=float,
+        default=float(e("worker_recovery_timeout", "60")),
+        help="seconds without workers after which unfinished requests are failed",
+    )
     return p
 
 
@@ -80,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             worker_timeout_s=args.worker_timeout,
             max_model_len=args.max_model_len,
             drain_timeout_s=args.drain_timeout,
+            worker_recovery_timeout_s=args.worker_recovery_timeout,
         )
     except ValueError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)

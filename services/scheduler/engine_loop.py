@@ -12,7 +12,11 @@ nothing is left to schedule the outputs are written at once.
 Failure handling: a Redis error is logged and retried with capped exponential backoff (the
 writes of a step are kept until they succeed); a lost worker rank (see `worker_link.py`) marks
 the engine unhealthy, preempts every running request (they are recomputed) and waits for the
-ranks to say hello again. Requests of a gateway whose heartbeat key expired are aborted.
+ranks to say hello again; if none comes back within `worker_recovery_timeout_s`, every
+unfinished request is failed with an `engine_error` (and the engine keeps waiting for workers).
+Requests of a gateway whose heartbeat key expired are aborted. Every `CLAIM_INTERVAL_S` the
+engine claims the un-ACKed requests of dead engines (`RedisIO.claim_abandoned`); they are run
+again from their prompts, and the gateway drops the replayed tokens (`ReplayGuard`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from services.scheduler.worker_link import WorkerLink
 from shared.config import CacheConfig, SchedulerConfig
 from shared.keys import RedisKeys
 from shared.protocol import (
+    ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
     ERROR_QUEUE_FULL,
     AbortRequest,
@@ -52,6 +57,8 @@ STATUS_INTERVAL_S = 1.0
 GATEWAY_CHECK_INTERVAL_S = 3.0
 INTEGRITY_CHECK_INTERVAL_S = 5.0
 MAX_BACKOFF_S = 5.0
+CLAIM_INTERVAL_S = 5.0  # how often to look for dead engines' requests
+CLAIM_MIN_IDLE_MS = 10_000  # an entry is claimed once idle this long (and its engine is dead)
 RECENT_ABORTS = 10_000  # aborts of requests not (yet) seen here, remembered this many
 
 
@@ -68,6 +75,7 @@ class EngineLoopConfig:
     worker_timeout_s: float = 10.0
     max_model_len: int | None = None  # None: what the workers report
     drain_timeout_s: float = 5.0  # on SIGTERM: how long running requests may finish
+    worker_recovery_timeout_s: float = 60.0  # workers lost this long: fail unfinished requests
     gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
 
 
@@ -123,6 +131,7 @@ class EngineLoop:
         self._tasks = [
             asyncio.create_task(self._status_forever(), name="engine-status"),
             asyncio.create_task(self._gateway_watch_forever(), name="gateway-watch"),
+            asyncio.create_task(self._claim_forever(), name="claim-abandoned"),
         ]
         logger.info("scheduler ready (engine %s)", self.config.engine_id)
         try:
@@ -177,14 +186,37 @@ class EngineLoop:
     async def _recover_workers(self) -> bool:
         assert self.scheduler is not None
         num_preempted = self.scheduler.preempt_all()
+        reason = self.link.lost_reason
         logger.error(
             "workers lost (%s): %d running request(s) preempted, to be recomputed",
-            self.link.lost_reason,
+            reason,
             num_preempted,
         )
         self.link.new_epoch()
         await self._flush()
+        timeout_s = self.config.worker_recovery_timeout_s
+        deadline: float | None = time.monotonic() + timeout_s
+        while not await self.link.wait_ready(1.0):
+            if self.stopping.is_set():
+                return False
+            if deadline is not None and time.monotonic() > deadline:
+                self._fail_unfinished(
+                    f"the engine lost its workers ({reason}) and none came back within "
+                    f"{timeout_s:g}s"
+                )
+                await self._flush()
+                deadline = None
         return await self._attach_workers()
+
+    def _fail_unfinished(self, message: str) -> None:
+        assert self.scheduler is not None
+        deltas = self.scheduler.abort_requests(list(self.inflight), "workers lost")
+        logger.error("failing %d unfinished request(s): %s", len(deltas), message)
+        failed = [
+            replace(d, finish_reason="error", error=message, error_code=ERROR_ENGINE)
+            for d in deltas
+        ]
+        self._collect(failed)
 
     # -- the step loop ---------------------------------------------------------------------------
 
@@ -267,7 +299,7 @@ class EngineLoop:
         while not self.stopping.is_set():
             try:
                 pending = await self.io.read_own_pending()
-                pending += await self.io.claim_abandoned()
+                pending += await self.io.claim_abandoned(CLAIM_MIN_IDLE_MS)
                 break
             except RedisError as exc:
                 await self._redis_failed("pending read", exc)
@@ -444,6 +476,16 @@ class EngineLoop:
             except RedisError as exc:
                 logger.warning("engine status write failed: %s", exc)
             await asyncio.sleep(STATUS_INTERVAL_S)
+
+    async def _claim_forever(self) -> None:
+        while True:
+            await asyncio.sleep(CLAIM_INTERVAL_S)
+            if self.scheduler is None or self.stopping.is_set():
+                continue
+            try:
+                self.intake += await self.io.claim_abandoned(CLAIM_MIN_IDLE_MS)
+            except RedisError as exc:
+                logger.warning("claiming dead engines' requests failed: %s", exc)
 
     async def _gateway_watch_forever(self) -> None:
         while True:

@@ -8,8 +8,12 @@ Reading the request stream: entries are delivered to this engine through the `en
 under the engine id as consumer name, and ACKed (then deleted, so that XLEN counts unfinished
 requests) only when the request has finished. `read_own_pending` re-reads what this consumer
 was given and never ACKed, so that a restart with the same engine id resumes its requests.
-`claim_abandoned` is the seam for taking over a *dead* engine's pending entries (XAUTOCLAIM); it
-claims nothing yet.
+`claim_abandoned` takes over the pending entries of *dead* engines: consumers whose
+`EngineStatus` key has expired (no status for `ENGINE_STATUS_TTL_S`). It uses XPENDING per dead
+consumer + XCLAIM rather than XAUTOCLAIM, because XAUTOCLAIM picks entries by idle time alone,
+and an entry stays idle for as long as a live engine works on it: a long request would be
+stolen from a healthy engine. XCLAIM's `min_idle_time` makes two engines racing for the same
+entries claim each one once.
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class StepWrites:
         self.statuses.setdefault(request_id, {}).update({k: str(v) for k, v in fields.items()})
 
 
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
 def _entry(entry_id: bytes | str, fields: dict | None) -> StreamEntry:
     entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
     payload = (fields or {}).get(b"m")
@@ -114,9 +122,33 @@ class RedisIO:
             entries.extend(_entry(entry_id, fields) for entry_id, fields in batch)
             cursor = entries[-1].entry_id
 
-    async def claim_abandoned(self) -> list[StreamEntry]:
-        """Seam for crash recovery: XAUTOCLAIM entries pending too long at dead engines."""
-        return []
+    async def claim_abandoned(self, min_idle_ms: int, count: int = 256) -> list[StreamEntry]:
+        """Entries pending at dead engines (status expired) for at least `min_idle_ms`,
+        claimed for this engine. A dead consumer left with nothing pending is removed."""
+        claimed: list[StreamEntry] = []
+        for consumer in await self.redis.xinfo_consumers(self.keys.requests, ENGINE_GROUP):
+            name = _text(consumer["name"])
+            if name == self.engine_id or await self.redis.exists(self.keys.engine(name)):
+                continue
+            if consumer["pending"]:
+                claimed += await self._claim_from(name, min_idle_ms, count)
+            else:
+                await self.redis.xgroup_delconsumer(self.keys.requests, ENGINE_GROUP, name)
+        return claimed
+
+    async def _claim_from(self, consumer: str, min_idle_ms: int, count: int) -> list[StreamEntry]:
+        pending = await self.redis.xpending_range(
+            self.keys.requests, ENGINE_GROUP, min="-", max="+", count=count,
+            consumername=consumer, idle=min_idle_ms,
+        )  # fmt: skip
+        entry_ids = [p["message_id"] for p in pending]
+        if not entry_ids:
+            return []
+        answer = await self.redis.xclaim(
+            self.keys.requests, ENGINE_GROUP, self.engine_id, min_idle_ms, entry_ids
+        )
+        logger.warning("claimed %d un-ACKed request(s) of dead engine %s", len(answer), consumer)
+        return [_entry(entry_id, fields) for entry_id, fields in answer]
 
     async def read_new(self, count: int, block_ms: int | None) -> list[StreamEntry]:
         if count <= 0:
