@@ -6,11 +6,18 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from shared.model_files import default_model_gguf, is_default_alias, resolve_model_dir
+from shared.model_files import (
+    cache_dir,
+    default_model_gguf,
+    is_default_alias,
+    resolve_model_dir,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -73,13 +80,42 @@ def load_tokenizer(model: str, max_model_len: int | None = None) -> TokenizerInf
         tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         source: Path | None = model_dir
     elif is_default_alias(model):
-        gguf = default_model_gguf()
-        logger.info("loading the tokenizer from %s (not converted yet)", gguf)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        tokenizer = _default_tokenizer_from_gguf()
         source = None
     else:  # resolve_model_dir already raised for anything else
         raise FileNotFoundError(model_dir)
     return tokenizer_info(tokenizer, source, max_model_len)
+
+
+def _default_tokenizer_from_gguf() -> Any:
+    """The default model's tokenizer before its conversion: read from the GGUF once (about
+    6 s), then from a saved copy in the cache (well under a second)."""
+    from transformers import AutoTokenizer
+
+    gguf = default_model_gguf()
+    stat = gguf.stat()
+    saved = cache_dir() / "tokenizers" / f"{gguf.stem}-{stat.st_size}-{int(stat.st_mtime)}"
+    if (saved / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(str(saved))
+    logger.info("loading the tokenizer from %s (the model is not converted yet)", gguf)
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    _save_tokenizer(tokenizer, saved)
+    return tokenizer
+
+
+def _save_tokenizer(tokenizer: Any, saved: Path) -> None:
+    """Write beside, then rename, so that a concurrent reader never sees half a directory."""
+    staging: Path | None = None
+    try:
+        saved.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=saved.parent, prefix=".staging-"))
+        tokenizer.save_pretrained(str(staging))
+        staging.rename(saved)
+    except OSError as exc:  # a read-only cache, or another process won: only costs time
+        if not saved.is_dir():
+            logger.warning("could not cache the tokenizer in %s: %s", saved, exc)
+        if staging is not None:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def tokenizer_info(

@@ -1,20 +1,15 @@
-"""The default model's tokenizer, loaded from its GGUF once per test session (offline)."""
+"""The default model's tokenizer, once per test session, offline: read from its GGUF the first
+time, then from the copy `load_tokenizer` keeps in the pagedserve cache."""
 
 from __future__ import annotations
 
 from functools import cache
 
-from services.gateway.tokenizer import TokenizerInfo, tokenizer_info
+from services.gateway.tokenizer import TokenizerInfo, load_tokenizer
 
 TEST_MAX_MODEL_LEN = 256
 
 
 @cache
 def load_test_tokenizer() -> TokenizerInfo:
-    from transformers import AutoTokenizer
-
-    from shared.model_files import default_model_gguf
-
-    gguf = default_model_gguf()
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    return tokenizer_info(tokenizer, None, TEST_MAX_MODEL_LEN)
+    return load_tokenizer("smollm2", TEST_MAX_MODEL_LEN)
