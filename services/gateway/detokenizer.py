@@ -32,8 +32,12 @@ class IncrementalDetokenizer:
         self.token_ids.extend(new_token_ids)
         prefix_text = self._decode(self.token_ids[self.prefix_offset : self.read_offset])
         full_text = self._decode(self.token_ids[self.prefix_offset :])
-        if full_text.endswith(REPLACEMENT_CHAR) or len(full_text) <= len(prefix_text):
-            return ""  # an incomplete character, or only special tokens: wait for more
+        if full_text.endswith(REPLACEMENT_CHAR):
+            return ""  # an incomplete character: wait for the rest of its bytes
+        if len(full_text) <= len(prefix_text):
+            # Only tokens without text (special ones): move on, or the window would grow.
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.token_ids)
+            return ""
         new_text = full_text[len(prefix_text) :]
         self.prefix_offset = self.read_offset
         self.read_offset = len(self.token_ids)

@@ -54,3 +54,13 @@ def test_a_truncated_character_is_flushed_at_the_end(info):
     pieces = stream(info, ids)
     assert "".join(pieces) == info.tokenizer.decode(ids, skip_special_tokens=True)
     assert REPLACEMENT_CHAR not in "".join(pieces[:-1])  # only the final flush may hold one
+
+
+def test_a_run_of_special_tokens_keeps_the_window_short(info):
+    detok = IncrementalDetokenizer(info.tokenizer)
+    assert detok.add(info.tokenizer.encode("a b", add_special_tokens=False)) == "a b"
+    for _ in range(50):
+        assert detok.add([info.tokenizer.eos_token_id]) == ""
+    assert detok.read_offset - detok.prefix_offset <= 1
+    assert detok.add(info.tokenizer.encode(" c", add_special_tokens=False)) == " c"
+    assert detok.finish() == "" and detok.emitted_text == "a b c"
