@@ -17,7 +17,7 @@ from tests.integration.pipeline.conftest import (
     add_gateway,
     wait_until_serving,
 )
-from tests.integration.processes import worker_process
+from tests.integration.processes import scheduler_process, worker_process
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -106,3 +106,52 @@ def test_the_scheduler_exits_cleanly_on_sigterm_and_the_worker_waits(pipeline):
     assert fields[b"workers_alive"] == b"0"
     time.sleep(0.5)
     assert worker.is_alive(), "a worker must outlive its scheduler (another may take it over)"
+
+
+def test_a_crashed_scheduler_restarted_with_its_id_finishes_its_requests_without_duplicates(
+    pipeline, reference_engine
+):
+    """Kill -9 the scheduler mid-generation and start it again under the same engine id: it
+    re-reads its un-ACKed request, the waiting worker attaches to the new epoch, the request is
+    recomputed and the client gets exactly the text it would have had."""
+    [expected] = reference_engine.generate(
+        [PROMPT], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    )
+    engine = pipeline.engines[0]
+
+    def start_scheduler(name: str):
+        scheduler = scheduler_process(
+            name, pipeline.redis_url, pipeline.namespace, ENGINE_ID, engine.plan_port,
+            engine.result_port, "--worker-timeout", "5", "--max-num-batched-tokens", "512",
+        ).start()  # fmt: skip
+        engine.scheduler = scheduler
+        return scheduler
+
+    start_scheduler("scheduler-second").wait_for_log("workers ready", timeout_s=30)
+    model = pipeline.client().models.list().data[0].id
+    outcome: dict[str, object] = {}
+
+    def ask() -> None:
+        try:
+            chunks = pipeline.client().completions.create(
+                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+            outcome["text"] = "".join(c.choices[0].text for c in chunks if c.choices)
+        except Exception as exc:  # reported by the assertion below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=ask)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while pipeline.engine_status(ENGINE_ID).num_running == 0:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.05)
+    time.sleep(0.5)  # some tokens have reached the client
+    engine.scheduler.kill()
+    third = start_scheduler("scheduler-third")
+    third.wait_for_log("resuming 1 un-ACKed request(s)", timeout_s=30)
+    thread.join(timeout=60)
+    assert not thread.is_alive()
+    assert "error" not in outcome, outcome.get("error")
+    assert outcome["text"] == expected.text
