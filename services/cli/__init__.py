@@ -11,7 +11,7 @@ import importlib
 import sys
 
 # Subcommand modules, in the order `--help` lists them.
-SUBCOMMANDS: tuple[str, ...] = ("queue", "generate", "bench")
+SUBCOMMANDS: tuple[str, ...] = ("serve", "queue", "generate", "bench")
 
 
 def build_parser() -> argparse.ArgumentParser:

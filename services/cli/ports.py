@@ -14,7 +14,10 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether a server could listen on `port` now (as servers do, with SO_REUSEADDR, so that
+    connections of a previous run in TIME_WAIT do not count)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host, port))
         except OSError:

@@ -1,0 +1,194 @@
+"""`pagedserve serve`: the whole pipeline on this machine, supervised.
+
+Starts a private Redis (unless --redis-url / REDIS_URL names one), the scheduler, one worker
+per tensor-parallel rank and the gateway replica(s) (ports PORT, PORT+1, ...), waits until
+each is ready, then watches them. A child that dies is reported (name, exit status, last log
+lines) and everything is stopped. SIGTERM or Ctrl-C drains: the gateways refuse new requests
+(503), open ones get --shutdown-timeout seconds before they end with finish_reason "abort",
+then the engine and Redis stop. A second Ctrl-C stops everything at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+from dataclasses import fields
+
+from services.cli.launch_plan import Ports, ServeOptions
+from services.cli.local_cluster import LocalCluster
+from services.cli.ports import free_port, is_port_free
+from services.cli.redis_launcher import RedisNotFoundError, find_redis_server
+from shared.config import DEFAULT_NAMESPACE, CacheConfig, SchedulerConfig, env_default
+from shared.logging import setup_logging
+from shared.model_files import ModelNotFoundError, is_default_alias, resolve_model_dir
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the whole pipeline on this machine (Redis, scheduler, workers, gateway)",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_serve_arguments(parser)
+    parser.set_defaults(func=run, parser=parser)
+
+
+def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
+    """Every flag also reads `PAGEDSERVE_<FLAG>` (REDIS_URL too for --redis-url)."""
+    d, e = ServeOptions(), env_default
+    add = parser.add_argument
+    add("--model", default=e("model", d.model), help="'smollm2' (default) or a HF model directory")
+    add("--served-model-name", default=e("served_model_name", "") or None, help="default: --model")
+    add("--tensor-parallel-size", "-tp", type=int, default=int(e("tensor_parallel_size", "1")))
+    add("--dtype", default=e("dtype", d.dtype), choices=["auto", "float32", "bfloat16", "float16"])
+    add("--device", default=e("device", d.device), choices=["auto", "cpu", "cuda"])
+    add(
+        "--attention-backend",
+        default=e("attention_backend", "auto"),
+        choices=["auto", "torch", "triton"],
+    )
+    add(
+        "--max-model-len",
+        type=int,
+        default=_opt_int(e("max_model_len", "")),
+        help="default: the model's",
+    )
+    add("--max-num-seqs", type=int, default=int(e("max_num_seqs", str(d.max_num_seqs))))
+    add(
+        "--max-num-batched-tokens",
+        type=int,
+        default=int(e("max_num_batched_tokens", str(d.max_num_batched_tokens))),
+    )
+    add("--block-size", type=int, default=int(e("block_size", str(d.block_size))))
+    add("--gpu-memory-utilization", type=float, default=float(e("gpu_memory_utilization", "0.9")))
+    add(
+        "--kv-cache-memory",
+        type=int,
+        default=_opt_int(e("kv_cache_memory", "")),
+        help="KV cache bytes per rank (CPU); default: the worker's",
+    )
+    add(
+        "--no-enable-prefix-caching",
+        dest="enable_prefix_caching",
+        action="store_false",
+        default=e("enable_prefix_caching", "1") not in ("0", "false"),
+    )
+    add(
+        "--scheduling-policy",
+        default=e("scheduling_policy", d.scheduling_policy),
+        choices=["fcfs", "priority"],
+    )
+    add("--host", default=e("host", d.host), help="gateway bind address (default: loopback)")
+    add("--port", type=int, default=int(e("port", str(d.port))))
+    add(
+        "--num-gateways",
+        type=int,
+        default=int(e("num_gateways", "1")),
+        help="replicas on PORT, PORT+1, ...",
+    )
+    add("--api-key", default=e("api_key", "") or None, help="require `Authorization: Bearer KEY`")
+    add(
+        "--redis-url",
+        default=os.environ.get("REDIS_URL") or e("redis_url", "") or None,
+        help="default: $REDIS_URL, else a private redis-server",
+    )
+    add("--namespace", default=e("namespace", DEFAULT_NAMESPACE))
+    add("--engine-id", default=e("engine_id", "") or None, help="default: engine-HOSTNAME-PID")
+    add(
+        "--shutdown-timeout",
+        type=float,
+        default=float(e("shutdown_timeout", "30")),
+        help="seconds open requests get on SIGTERM/Ctrl-C",
+    )
+    add(
+        "--startup-timeout",
+        type=float,
+        default=float(e("startup_timeout", "600")),
+        help="seconds to wait for every process to be ready",
+    )
+
+
+def _opt_int(text: str) -> int | None:
+    return int(text) if text else None
+
+
+def options_from_args(args: argparse.Namespace) -> ServeOptions:
+    """Validated options; ValueError says which flag is wrong and the bound it broke."""
+    values = {f.name: getattr(args, f.name) for f in fields(ServeOptions) if hasattr(args, f.name)}
+    if not values.get("engine_id"):
+        values["engine_id"] = f"engine-{socket.gethostname()}-{os.getpid()}"
+    options = ServeOptions(**values)
+    _check_bounds(options)
+    return options
+
+
+def _check_bounds(o: ServeOptions) -> None:
+    problems = []
+    if o.tensor_parallel_size < 1:
+        problems.append(f"--tensor-parallel-size must be >= 1, got {o.tensor_parallel_size}")
+    if o.num_gateways < 1:
+        problems.append(f"--num-gateways must be >= 1, got {o.num_gateways}")
+    if not 1 <= o.port <= 65535 - (o.num_gateways - 1):
+        last = o.port + o.num_gateways - 1
+        problems.append(
+            f"--port must keep PORT..PORT+{o.num_gateways - 1} in 1..65535, got {o.port}..{last}"
+        )
+    if o.shutdown_timeout < 0:
+        problems.append(f"--shutdown-timeout must be >= 0, got {o.shutdown_timeout}")
+    if o.startup_timeout <= 0:
+        problems.append(f"--startup-timeout must be > 0, got {o.startup_timeout}")
+    if o.kv_cache_memory is not None and o.kv_cache_memory < 1:
+        problems.append(f"--kv-cache-memory must be >= 1 byte, got {o.kv_cache_memory}")
+    if o.api_key == "":
+        problems.append("--api-key must not be empty (leave it out to turn auth off)")
+    try:
+        CacheConfig(block_size=o.block_size, gpu_memory_utilization=o.gpu_memory_utilization)
+        SchedulerConfig(
+            max_num_seqs=o.max_num_seqs,
+            max_num_batched_tokens=o.max_num_batched_tokens,
+            max_model_len=o.max_model_len or 1 << 30,
+            policy=o.scheduling_policy,
+        )
+    except ValueError as exc:
+        problems.append(str(exc).replace("_", "-"))
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
+def pick_ports(options: ServeOptions) -> Ports:
+    """Free loopback ports for the engine; the gateway ports must be free as given."""
+    for port in Ports(0, 0, 0, 0).gateway_ports(options):
+        if not is_port_free(port, options.host):
+            raise ValueError(
+                f"port {port} on {options.host} is in use (another pagedserve?): "
+                "stop it or pass --port"
+            )
+    return Ports(redis=free_port(), plan=free_port(), result=free_port(), master=free_port())
+
+
+def resolve_model(model: str) -> str:
+    """The model directory the workers and gateways load; converts the default model once."""
+    if is_default_alias(model):
+        from services.gpu_worker.default_model import ensure_default_model
+
+        return str(ensure_default_model())
+    return str(resolve_model_dir(model))
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        options = options_from_args(args)
+        ports = pick_ports(options)
+    except ValueError as exc:
+        args.parser.error(str(exc))
+    setup_logging("serve")
+    try:
+        find_redis_server() if options.redis_url is None else None
+        model_dir = resolve_model(options.model)
+    except (RedisNotFoundError, ModelNotFoundError) as exc:
+        print(f"pagedserve serve: error: {exc}", file=sys.stderr)
+        return 1
+    return LocalCluster(options, ports).run(model_dir)
