@@ -17,6 +17,7 @@ from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
 from shared.config import CacheConfig, SchedulerConfig
 from shared.keys import ENGINE_GROUP, RedisKeys
 from shared.protocol import (
+    ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
     AbortRequest,
     GenerateRequest,
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 GATEWAY = "gw-test"
 TOKEN = 7
+POISON = 666  # a prompt holding this token makes the fake model raise
 
 
 class FakeModel:
@@ -52,6 +54,8 @@ class FakeModel:
             self.seqs.pop(seq_id, None)
         sampled = []
         for new in plan.new_seqs:
+            if POISON in new.token_ids:
+                raise RuntimeError("poisoned prompt")
             self.seqs[new.seq_id] = len(new.token_ids)
             if new.num_computed_tokens + new.num_scheduled_tokens == len(new.token_ids):
                 sampled.append(new.seq_id)
@@ -123,9 +127,9 @@ class Client:
         self.deltas: dict[str, list[TokenDelta]] = {}
 
     def submit(self, request_id: str, max_tokens: int = 4, gateway_id: str = GATEWAY,
-               prompt_len: int = 5) -> GenerateRequest:  # fmt: skip
+               prompt_len: int = 5, poison: bool = False) -> GenerateRequest:  # fmt: skip
         request = GenerateRequest(
-            request_id, list(range(3, 3 + prompt_len)),
+            request_id, [POISON] * poison + list(range(3, 3 + prompt_len)),
             SamplingParams(temperature=0.0, max_tokens=max_tokens), gateway_id=gateway_id,
         )  # fmt: skip
         self.redis.xadd(self.keys.requests, {"m": encode(request)})
@@ -196,6 +200,19 @@ def test_an_impossible_request_is_answered_with_invalid_request_and_acked(
     assert client.status("too-long")["state"] == "failed"
     assert done["fine"].finish_reason == "length"
     assert client.redis.xlen(client.keys.requests) == 0
+
+
+def test_a_failing_step_fails_its_requests_with_an_engine_error_and_serving_goes_on(
+    engine, redis_url, namespace
+):
+    client = Client(redis_url, namespace)
+    client.submit("bad", max_tokens=3, poison=True)
+    done = client.finished(["bad"])
+    assert done["bad"].finish_reason == "error" and done["bad"].error_code == ERROR_ENGINE
+    assert "RuntimeError: poisoned prompt" in done["bad"].error
+    assert client.status("bad")["state"] == "failed"
+    client.submit("good", max_tokens=3)
+    assert client.finished(["good"])["good"].finish_reason == "length"
 
 
 def test_an_abort_that_overtakes_its_request_still_aborts_it(engine, redis_url, namespace):
