@@ -56,6 +56,7 @@ IDLE_BLOCK_MS = 100  # blocking read when there is nothing to run
 STATUS_INTERVAL_S = 1.0
 GATEWAY_CHECK_INTERVAL_S = 3.0
 INTEGRITY_CHECK_INTERVAL_S = 5.0
+THROUGHPUT_LOG_INTERVAL_S = 10.0
 MAX_BACKOFF_S = 5.0
 CLAIM_INTERVAL_S = 5.0  # how often to look for dead engines' requests
 CLAIM_MIN_IDLE_MS = 10_000  # an entry is claimed once idle this long (and its engine is dead)
@@ -117,6 +118,7 @@ class EngineLoop:
         self.stopping = asyncio.Event()
         self._backoff_s = 0.0
         self._retry_at = 0.0
+        self.num_generated_tokens = 0  # total, for the periodic throughput line
         self._last_integrity_check = 0.0
         self._tasks: list[asyncio.Task] = []
 
@@ -392,6 +394,7 @@ class EngineLoop:
             inflight = self.inflight.get(delta.request_id)
             if inflight is None:
                 continue
+            self.num_generated_tokens += len(delta.token_ids)
             if inflight.gateway_id:
                 writes.outputs.setdefault(inflight.gateway_id, []).append(delta)
             if delta.token_ids and not inflight.got_first_token:
@@ -469,12 +472,28 @@ class EngineLoop:
         )
 
     async def _status_forever(self) -> None:
+        last_log, last_tokens, last_steps = time.monotonic(), 0, 0
         while True:
             alive = self.link.is_ready and self.link.workers_alive() and not self.stopping.is_set()
+            status = self._engine_status(alive)
             try:
-                await self.io.write_engine_status(self._engine_status(alive))
+                await self.io.write_engine_status(status)
             except RedisError as exc:
                 logger.warning("engine status write failed: %s", exc)
+            elapsed = time.monotonic() - last_log
+            if elapsed >= THROUGHPUT_LOG_INTERVAL_S:
+                if status.num_steps != last_steps:
+                    logger.info(
+                        "%.1f steps/s, %.1f generated tokens/s, %d running, %d waiting, "
+                        "KV cache %.1f%% used",
+                        (status.num_steps - last_steps) / elapsed,
+                        (self.num_generated_tokens - last_tokens) / elapsed,
+                        status.num_running,
+                        status.num_waiting,
+                        100 * status.kv_usage,
+                    )
+                last_log, last_tokens = time.monotonic(), self.num_generated_tokens
+                last_steps = status.num_steps
             await asyncio.sleep(STATUS_INTERVAL_S)
 
     async def _claim_forever(self) -> None:
@@ -488,6 +507,9 @@ class EngineLoop:
                 logger.warning("claiming dead engines' requests failed: %s", exc)
 
     async def _gateway_watch_forever(self) -> None:
+        # A gateway counts as gone when its heartbeat key is missing at two checks in a row:
+        # right after a Redis restart every key is missing until the next heartbeat (2 s).
+        suspects: set[str] = set()
         while True:
             await asyncio.sleep(self.config.gateway_check_interval_s)
             gateway_ids = {i.gateway_id for i in self.inflight.values() if i.gateway_id}
@@ -498,7 +520,8 @@ class EngineLoop:
             except RedisError as exc:
                 logger.warning("gateway heartbeat check failed: %s", exc)
                 continue
-            for gateway_id in missing:
+            gone, suspects = missing & suspects, missing
+            for gateway_id in gone:
                 request_ids = [r for r, i in self.inflight.items() if i.gateway_id == gateway_id]
                 logger.warning(
                     "gateway %s is gone (heartbeat expired): aborting its %d request(s)",

@@ -202,7 +202,20 @@ class RedisIO:
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
                 pipe.expire(key, REQUEST_STATUS_TTL_S)
-            await pipe.execute()
+            try:
+                await pipe.execute()
+            except ResponseError as exc:
+                # MULTI/EXEC ran every other command; an ACK of an entry that a restarted Redis
+                # no longer holds has nothing left to do.
+                await self._recreate_group_if_lost(exc)
+
+    async def _recreate_group_if_lost(self, exc: ResponseError) -> None:
+        """After a Redis restart without persistence the stream and its group are gone:
+        create them again. Any other error is raised."""
+        if "NOGROUP" not in str(exc):
+            raise exc
+        logger.warning("the request stream's consumer group is gone (Redis restarted?): recreating")
+        await self.setup()
 
     async def write_engine_status(self, status: EngineStatus) -> None:
         key = self.keys.engine(self.engine_id)
