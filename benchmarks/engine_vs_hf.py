@@ -99,6 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hf-batch-size", type=int, default=16)
     parser.add_argument("--max-num-seqs", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads for both (default: the cores)"
+    )
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "engine_vs_hf")
     args = parser.parse_args(argv)
 
@@ -106,6 +109,9 @@ def main(argv: list[str] | None = None) -> int:
     from services.gpu_worker.model_runner import resolve_dtype
 
     model_dir = ensure_model(args.model)
+    threads = args.threads or len(os.sched_getaffinity(0))
+    os.environ["PAGEDSERVE_NUM_THREADS"] = str(threads)  # the engine's runner reads it
+    torch.set_num_threads(threads)
     torch_dtype = resolve_dtype(args.dtype, torch.device("cpu"))
     dtype_name = str(torch_dtype).removeprefix("torch.")
     workload = make_workload(args.num_requests, args.seed, args.max_prompt, args.max_output)
