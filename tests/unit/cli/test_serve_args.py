@@ -1,0 +1,128 @@
+"""`pagedserve serve` flag handling and the command lines it launches (nothing is started)."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from services.cli import build_parser
+from services.cli.launch_plan import Ports, ServeOptions, plan_launch
+from services.cli.serve import options_from_args, pick_ports
+from tests.unit.compose.compose_files import parse_service_args
+
+PORTS = Ports(redis=7001, plan=7002, result=7003, master=7004)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    for name in ("PORT", "REDIS_URL", "MODEL", "API_KEY", "TENSOR_PARALLEL_SIZE"):
+        monkeypatch.delenv(f"PAGEDSERVE_{name}", raising=False)
+
+
+def parse(*argv: str) -> ServeOptions:
+    return options_from_args(build_parser().parse_args(["serve", *argv]))
+
+
+def test_no_arguments_serves_the_default_model_on_8000_with_a_private_redis() -> None:
+    options = parse()
+    assert (options.model, options.port, options.host) == ("smollm2", 8000, "127.0.0.1")
+    assert options.tensor_parallel_size == options.num_gateways == 1
+    assert options.redis_url is None
+    assert options.engine_id.startswith("engine-")
+
+
+def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("REDIS_URL", "redis://10.0.0.5:6379/2")
+    monkeypatch.setenv("PAGEDSERVE_PORT", "9100")
+    options = parse()
+    assert options.redis_url == "redis://10.0.0.5:6379/2" and options.port == 9100
+    assert parse("--port", "9200").port == 9200  # the flag wins
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--tensor-parallel-size", "0"], "--tensor-parallel-size must be >= 1, got 0"),
+        (["--num-gateways", "0"], "--num-gateways must be >= 1, got 0"),
+        (["--port", "65535", "--num-gateways", "2"], "in 1..65535, got 65535..65536"),
+        (["--block-size", "12"], "block-size must be a power of two >= 1, got 12"),
+        (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization must be in (0, 1], got 1.5"),
+        (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0, got -1"),
+        (["--max-num-seqs", "0"], "max-num-seqs must be >= 1, got 0"),
+        (["--kv-cache-memory", "0"], "--kv-cache-memory must be >= 1 byte, got 0"),
+        (["--api-key", ""], "--api-key must not be empty"),
+    ],
+)
+def test_bad_values_name_the_flag_and_the_bound(argv, message) -> None:
+    with pytest.raises(ValueError) as error:
+        parse(*argv)
+    assert message in str(error.value)
+
+
+def test_bad_values_exit_2_with_the_message(capsys) -> None:
+    args = build_parser().parse_args(["serve", "--num-gateways", "0"])
+    with pytest.raises(SystemExit) as exited:
+        args.func(args)
+    assert exited.value.code == 2
+    assert "--num-gateways must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_a_taken_gateway_port_is_refused_before_anything_starts() -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(ValueError, match=rf"port {port} on 127.0.0.1 is in use"):
+            pick_ports(parse("--port", str(port)))
+
+
+def test_engine_ports_are_free_and_distinct() -> None:
+    ports = pick_ports(parse("--port", "18555"))
+    assert len({ports.redis, ports.plan, ports.result, ports.master}) == 4
+
+
+def test_plan_one_worker_per_rank_sharing_the_scheduler_ports() -> None:
+    options = parse("--tensor-parallel-size", "2", "--max-model-len", "512",
+                    "--no-enable-prefix-caching", "--scheduling-policy", "priority")  # fmt: skip
+    plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    assert [c.name for c in plan.engine] == ["scheduler", "worker0", "worker1"]
+    assert [c.ready_line for c in plan.engine] == [
+        "scheduler ready", "worker 0 ready", "worker 1 ready"
+    ]  # fmt: skip
+    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    assert (scheduler.plan_port, scheduler.result_port) == (7002, 7003)
+    assert scheduler.tensor_parallel_size == 2 and scheduler.max_model_len == 512
+    assert scheduler.no_prefix_caching and scheduler.policy == "priority"
+    assert scheduler.engine_id == options.engine_id
+    for rank, spec in enumerate(plan.engine[1:]):
+        worker = parse_service_args("services.gpu_worker", spec.argv[3:], {})
+        assert (worker.rank, worker.tensor_parallel_size) == (rank, 2)
+        assert (worker.plan_port, worker.result_port, worker.master_port) == (7002, 7003, 7004)
+        assert worker.model == "/models/m" and worker.max_model_len == 512
+
+
+def test_plan_gateway_replicas_on_consecutive_ports_with_their_own_ids() -> None:
+    options = parse("--num-gateways", "3", "--port", "9000", "--served-model-name", "tiny",
+                    "--api-key", "sk-secret", "--shutdown-timeout", "7")  # fmt: skip
+    plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    configs = [
+        parse_service_args("services.gateway", spec.argv[3:], {"PAGEDSERVE_API_KEY": None})
+        for spec in plan.gateways
+    ]
+    assert [c.port for c in configs] == [9000, 9001, 9002]
+    assert len({c.gateway_id for c in configs}) == 3
+    assert {c.served_model_name for c in configs} == {"tiny"}
+    assert {c.shutdown_timeout for c in configs} == {7.0}
+    assert {c.redis_url for c in configs} == {"redis://127.0.0.1:7001/0"}
+    for spec in plan.gateways:  # the key travels in the environment, not on the command line
+        assert "sk-secret" not in spec.argv
+        assert spec.env is not None and spec.env["PAGEDSERVE_API_KEY"] == "sk-secret"
+    assert [s.name for s in plan.gateways] == ["gateway0", "gateway1", "gateway2"]
+
+
+def test_no_api_key_means_none_inherited(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PAGEDSERVE_API_KEY", "leaked")
+    plan = plan_launch(ServeOptions(), "/m", "redis://x:1/0", PORTS)
+    assert "PAGEDSERVE_API_KEY" not in plan.gateways[0].env
