@@ -1,0 +1,161 @@
+"""A scheduler killed with SIGKILL while requests stream, on real processes.
+
+The tests run in order on one pipeline (one gateway, `--engine-loss-timeout 4`):
+1. engine-a's scheduler is killed and restarted under the same engine id: it re-reads its own
+   un-ACKed entries and regenerates them; the gateway drops the replayed tokens, so every
+   client sees exactly the undisturbed temperature-0 text.
+2. engine-a's scheduler is killed for good while engine-b runs: once engine-a's status expires,
+   engine-b claims its entries (XPENDING + XCLAIM) and finishes them, again seamlessly.
+3. engine-b is killed too and nothing replaces it: open streams end with an explicit error
+   event within ENGINE_STATUS_TTL_S + the gateway's engine-loss timeout; none hangs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import time
+
+import httpx
+import pytest
+
+from shared.protocol import SamplingParams
+from shared.status import ENGINE_STATUS_TTL_S
+from tests.integration.pipeline.conftest import wait_until_serving
+from tests.integration.reliability.cluster import (
+    PROMPTS,
+    StreamResult,
+    add_engine,
+    add_gateway,
+    start_scheduler,
+    stream_completion,
+    wait_for,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+MAX_TOKENS = 200
+ENGINE_LOSS_TIMEOUT_S = 4
+# Bounds with room for a loaded 2-core machine (process start-up is most of the first).
+RESTART_BOUND_S = 60  # kill -> every stream finished, restart included
+CLAIM_BOUND_S = 45  # after the dead engine's status expires: claim round, idle bound, regenerate
+SLACK_S = 10  # status refresh (1 s), gateway watch (2 s), scheduling noise
+BODY = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def pipeline(pipeline_factory):
+    pipeline = pipeline_factory()
+    add_engine(pipeline, "engine-a")
+    add_gateway(pipeline, "gw-crash", "--engine-loss-timeout", str(ENGINE_LOSS_TIMEOUT_S))
+    wait_until_serving(pipeline)
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def expected(reference_engine) -> list[str]:
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    return [out.text for out in reference_engine.generate(PROMPTS, params)]
+
+
+async def streams_with_fault(pipeline, fault, prompts=PROMPTS, timeout_s: float = 90.0):
+    """Stream every prompt at once; once each client has seen text, run `fault()` (blocking,
+    in a thread); return the results and the seconds from the fault to the last stream end."""
+    results = [StreamResult() for _ in prompts]
+    async with httpx.AsyncClient(timeout=timeout_s) as client:
+        tasks = [
+            asyncio.create_task(
+                stream_completion(client, pipeline.base_url(), {**BODY, "prompt": p}, r)
+            )
+            for p, r in zip(prompts, results, strict=True)
+        ]
+        deadline = time.monotonic() + 30
+        while any(r.first_piece_at is None for r in results):
+            assert time.monotonic() < deadline, f"streams never started: {results}"
+            assert not any(t.done() for t in tasks), "a stream ended before the fault"
+            await asyncio.sleep(0.01)
+        await asyncio.to_thread(fault)
+        faulted_at = time.monotonic()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout_s)
+    return results, time.monotonic() - faulted_at
+
+
+def assert_seamless(results: list[StreamResult], expected: list[str]) -> None:
+    for result, text in zip(results, expected, strict=True):
+        assert result.status == 200 and result.error is None, result
+        assert result.done and result.finish_reason == "length"
+        assert result.text == text  # nothing repeated, nothing missing
+        assert result.num_completion_tokens == MAX_TOKENS
+
+
+def assert_idle_and_whole(pipeline, engine_id: str) -> None:
+    def idle() -> bool:
+        status = pipeline.engine_status(engine_id)
+        return status.num_running == status.num_waiting == 0 and (
+            status.num_free_blocks == status.num_total_blocks > 0
+        )
+
+    wait_for(f"{engine_id} idle with every block free", idle, 10)
+    with pipeline.redis() as client:
+        assert client.xlen(pipeline.keys.requests) == 0  # everything ACKed and deleted
+
+
+def test_a_restarted_scheduler_resumes_its_requests_without_repeating_text(pipeline, expected):
+    engine = pipeline.engines[0]
+
+    def crash_and_restart() -> None:
+        engine.scheduler.kill()
+        engine.scheduler = start_scheduler(pipeline, engine)
+
+    results, took_s = asyncio.run(streams_with_fault(pipeline, crash_and_restart))
+    log = engine.scheduler.log()
+    resumed = re.search(r"resuming (\d+) un-ACKed request\(s\) of engine engine-a", log)
+    assert resumed and int(resumed.group(1)) >= 1, log[-3000:]
+    assert_seamless(results, expected)
+    assert took_s < RESTART_BOUND_S
+    assert_idle_and_whole(pipeline, "engine-a")
+
+
+def test_another_replica_claims_a_dead_engines_requests(pipeline, expected):
+    engine_a = pipeline.engines[0]
+    engine_b = add_engine(pipeline, "engine-b")
+    engine_b.scheduler.wait_for_log("workers ready", 90)
+    # engine-b is paused while the requests arrive, so that engine-a takes all of them.
+    engine_b.scheduler.signal(signal.SIGSTOP)
+
+    def crash_a_and_resume_b() -> None:
+        engine_a.scheduler.kill()
+        engine_b.scheduler.signal(signal.SIGCONT)
+
+    try:
+        results, took_s = asyncio.run(streams_with_fault(pipeline, crash_a_and_resume_b))
+    finally:
+        engine_b.scheduler.signal(signal.SIGCONT)
+    log = engine_b.scheduler.log()
+    claimed = re.search(r"claimed (\d+) un-ACKed request\(s\) of dead engine engine-a", log)
+    assert claimed and int(claimed.group(1)) >= 1, log[-3000:]
+    assert_seamless(results, expected)
+    # engine-a's status expires, then a claim round (5 s) with entries idle >= 10 s.
+    assert took_s < ENGINE_STATUS_TTL_S + CLAIM_BOUND_S
+    assert_idle_and_whole(pipeline, "engine-b")
+    with pipeline.redis() as client:
+        consumers = {c["name"] for c in client.xinfo_consumers(pipeline.keys.requests, "engines")}
+    assert b"engine-a" not in consumers or consumers == set()  # the dead consumer is removed
+
+
+def test_with_no_engine_left_open_streams_end_with_an_error_event(pipeline):
+    engine_b = pipeline.engines[1]
+    results, took_s = asyncio.run(
+        streams_with_fault(pipeline, engine_b.scheduler.kill, prompts=PROMPTS[:2])
+    )
+    for result in results:
+        assert result.status == 200 and result.done, result
+        assert result.error is not None and result.error["error"]["code"] == "no_live_engine"
+        assert "no engine has been live" in result.error["error"]["message"]
+    # The last status ages out (TTL), then the gateway waits its engine-loss timeout.
+    assert took_s < ENGINE_STATUS_TTL_S + ENGINE_LOSS_TIMEOUT_S + SLACK_S
+    # A new request now is refused at once with a retryable 503, not queued forever.
+    answer = httpx.post(f"{pipeline.base_url()}/v1/completions", json={**BODY, "prompt": "x"},
+                        timeout=30)  # fmt: skip
+    assert answer.status_code == 503 and answer.json()["error"]["code"] == "no_live_engine"
