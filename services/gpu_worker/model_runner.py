@@ -53,6 +53,20 @@ def cpu_threads(world_size: int) -> int:
     return max(1, len(os.sched_getaffinity(0)) // world_size)
 
 
+def model_len_limit(config: object) -> int:
+    """The longest sequence the model handles exactly: its position limit, or its sliding
+    window where it has one (sliding-window attention is not implemented, so sequences are
+    kept inside the window, where full attention is the same thing)."""
+    limit = int(config.max_position_embeddings)
+    window = getattr(config, "sliding_window", None)
+    uses_window = getattr(
+        config, "use_sliding_window", getattr(config, "model_type", "") == "mistral"
+    )
+    if window and uses_window:
+        limit = min(limit, int(window))
+    return limit
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """ "auto": bf16 on CUDA and on CPUs with native bf16, else float32."""
     if isinstance(dtype, torch.dtype):
@@ -104,9 +118,7 @@ class ModelRunner:
         )
         config = self.model.config
         self.vocab_size = config.vocab_size
-        self.max_model_len = min(
-            max_model_len or config.max_position_embeddings, config.max_position_embeddings
-        )
+        self.max_model_len = min(max_model_len or model_len_limit(config), model_len_limit(config))
         self.block_size = cache_config.block_size
         self.num_blocks = self._decide_num_blocks(cache_config, max_num_batched_tokens)
         self.kv_caches = allocate_kv_caches(
