@@ -36,6 +36,8 @@ class EngineStatus:
     num_steps: int = 0  # total
     model: str = ""
     pid: int = 0
+    integrity_ok: bool = True  # the last idle check_integrity() passed (False: see its log)
+    integrity_checked_at: float = 0.0  # unix seconds of that check; 0.0: none yet
 
 
 @dataclass(frozen=True)

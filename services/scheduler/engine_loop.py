@@ -120,6 +120,8 @@ class EngineLoop:
         self._retry_at = 0.0
         self.num_generated_tokens = 0  # total, for the periodic throughput line
         self._last_integrity_check = 0.0
+        self.integrity_error: str | None = None  # the last failed idle check, for the status
+        self.integrity_checked_at = 0.0  # unix seconds
         self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -257,11 +259,25 @@ class EngineLoop:
         await self._flush()
         busy = self.scheduler.has_unfinished_requests()
         if not busy and time.monotonic() - self._last_integrity_check > INTEGRITY_CHECK_INTERVAL_S:
-            self.scheduler.check_integrity()
-            self._last_integrity_check = time.monotonic()
+            self._check_integrity()
         if busy:  # waiting requests that cannot be scheduled yet: do not spin
             await asyncio.sleep(0.005)
         await self._read_intake(block_ms=None if busy or self.stopping.is_set() else IDLE_BLOCK_MS)
+
+    def _check_integrity(self) -> None:
+        """Run the scheduler's full invariant check on an idle engine. A failure is a bug: it
+        is logged and flagged in the EngineStatus (`integrity_ok`), and serving goes on."""
+        assert self.scheduler is not None
+        self._last_integrity_check = time.monotonic()
+        self.integrity_checked_at = time.time()
+        try:
+            self.scheduler.check_integrity()
+        except AssertionError as exc:
+            if self.integrity_error is None:
+                logger.error("integrity check failed: %s", exc)
+            self.integrity_error = str(exc)
+            return
+        self.integrity_error = None
 
     async def _overlapped_io(self) -> None:
         await self._flush()
@@ -453,6 +469,8 @@ class EngineLoop:
             num_workers=len(self.link.hellos),
             model=self.link.hellos[0].model if self.link.hellos else "",
             pid=os.getpid(),
+            integrity_ok=self.integrity_error is None,
+            integrity_checked_at=self.integrity_checked_at,
         )
         if self.scheduler is None:
             return EngineStatus(**common)
