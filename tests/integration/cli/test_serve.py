@@ -1,0 +1,179 @@
+"""`pagedserve serve` end to end, as a user runs it: a subprocess on free ports with a tiny
+model (and, marked slow, the default model), health, a streamed chat completion,
+`pagedserve queue --json` while requests run, SIGTERM in the middle of a stream (the stream
+ends with finish_reason "abort" and [DONE]), and no process left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.integration.cli.serve_process import ServeProcess, group_exists, is_alive
+from tests.integration.pipeline.served_model import build_served_model
+
+pytestmark = pytest.mark.integration
+SERVE_FLAGS = ["--kv-cache-memory", "4000000", "--max-model-len", "256", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_served_model(tmp_path_factory.mktemp("served-model"))
+
+
+@pytest.fixture
+def serve_factory() -> Iterator[list[ServeProcess]]:
+    started: list[ServeProcess] = []
+    yield started
+    for process in started:
+        process.kill()
+
+
+class Stream:
+    """A streamed chat completion in a thread: its SSE payloads, as they arrive."""
+
+    def __init__(self, base_url: str, content: str, max_tokens: int) -> None:
+        self.events: list[str] = []
+        self.error: BaseException | None = None
+        body = {"messages": [{"role": "user", "content": content}], "stream": True,
+                "max_tokens": max_tokens, "ignore_eos": True}  # fmt: skip
+        self.thread = threading.Thread(target=self._run, args=(base_url, body), daemon=True)
+        self.thread.start()
+
+    def _run(self, base_url: str, body: dict) -> None:
+        try:
+            with (
+                httpx.Client(base_url=base_url, timeout=60) as client,
+                client.stream("POST", "/v1/chat/completions", json=body) as response,
+            ):
+                response.raise_for_status()
+                for line in response.iter_lines():
+                    if line.startswith("data: "):
+                        self.events.append(line.removeprefix("data: "))
+        except BaseException as exc:
+            self.error = exc
+
+    @property
+    def response_id(self) -> str | None:
+        return json.loads(self.events[0])["id"] if self.events else None
+
+    def finish_reasons(self) -> list[str]:
+        return [
+            choice["finish_reason"]
+            for event in self.events
+            if event != "[DONE]"
+            for choice in json.loads(event)["choices"]
+            if choice["finish_reason"]
+        ]
+
+    def text(self) -> str:
+        return "".join(
+            choice["delta"].get("content") or ""
+            for event in self.events
+            if event != "[DONE]"
+            for choice in json.loads(event)["choices"]
+        )
+
+
+def assert_nothing_left(serve: ServeProcess) -> None:
+    assert serve.child_pids, "serve started no children?"
+    deadline = time.monotonic() + 5
+    while any(is_alive(pid) for pid in serve.child_pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not [pid for pid in serve.child_pids if is_alive(pid)], serve.log()
+    assert not [pid for pid in serve.child_pids if group_exists(pid)]  # grandchildren too
+
+
+@pytest.mark.slow
+def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
+    serve = ServeProcess("--model", str(model_dir), "--shutdown-timeout", "0", *SERVE_FLAGS)
+    serve_factory.append(serve.start())
+    serve.wait_ready()
+    commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serve.child_pids]
+    for program in (b"services.scheduler", b"services.gpu_worker", b"services.gateway", b"redis"):
+        assert any(program in command for command in commands), (program, commands)
+
+    # A plain streamed chat completion.
+    first = Stream(serve.base_url, "Hello there", 8)
+    first.thread.join(timeout=60)
+    assert first.error is None and first.events[-1] == "[DONE]"
+    assert first.finish_reasons() == ["length"] and first.text()
+
+    # `pagedserve queue --json` while requests run shows them.
+    streams = [Stream(serve.base_url, f"story {i}", 100) for i in range(3)]
+    seen_ids: set[str] = set()
+    deadline = time.monotonic() + 60
+    while not seen_ids and time.monotonic() < deadline:
+        snapshot = serve.queue_json()
+        seen_ids = {r["request_id"] for r in snapshot["in_flight"]}
+    assert seen_ids, "queue never showed a request in flight"
+    assert snapshot["stream"]["pending"] >= 1
+    (engine,) = snapshot["engines"]
+    assert engine["alive"] and engine["workers_alive"]
+    assert [g["alive"] for g in snapshot["gateways"]] == [True]
+    for stream in streams:
+        stream.thread.join(timeout=120)
+        assert stream.error is None and stream.finish_reasons() == ["length"]
+    # Engine request ids are `<response id>-<choice index>`: the queue showed our requests.
+    response_ids = {s.response_id for s in streams}
+    assert {rid.rsplit("-", 1)[0] for rid in seen_ids} <= response_ids, (seen_ids, response_ids)
+
+    # SIGTERM in the middle of a stream: it ends coherently, then everything exits.
+    victim = Stream(serve.base_url, "a long story", 230)
+    deadline = time.monotonic() + 30
+    while len(victim.events) < 3 and time.monotonic() < deadline:  # role chunk + tokens
+        time.sleep(0.01)
+    serve.signal(signal.SIGTERM)
+    victim.thread.join(timeout=30)
+    assert victim.error is None, victim.error
+    assert victim.finish_reasons() == ["abort"], victim.events[-3:]
+    assert victim.events[-1] == "[DONE]"
+    assert serve.wait(timeout_s=60) == 0, serve.log()
+    assert "stopped" in serve.log().splitlines()[-1]
+    assert_nothing_left(serve)
+
+
+@pytest.mark.slow
+def test_a_dead_worker_is_reported_and_everything_stops(model_dir: Path, serve_factory) -> None:
+    serve = ServeProcess("--model", str(model_dir), *SERVE_FLAGS)
+    serve_factory.append(serve.start())
+    serve.wait_ready()
+    worker_pid = next(
+        pid for pid in serve.child_pids
+        if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    )  # fmt: skip
+    os.kill(worker_pid, signal.SIGKILL)
+    assert serve.wait(timeout_s=90) == 1
+    log = serve.log()
+    assert f"worker0 (pid {worker_pid}) was killed by signal 9" in log
+    assert "its last log lines:" in log and "worker 0 ready" in log
+    assert_nothing_left(serve)
+
+
+@pytest.mark.slow
+def test_default_model_serves_a_chat_completion(serve_factory) -> None:
+    """The real user path: `pagedserve serve` with no model flag (SmolLM2-135M, converted once
+    into the cache)."""
+    serve = ServeProcess("--kv-cache-memory", "32000000", "--shutdown-timeout", "5")
+    serve_factory.append(serve.start())
+    serve.wait_ready(timeout_s=600)
+    from openai import OpenAI
+
+    client = OpenAI(base_url=f"{serve.base_url}/v1", api_key="unused")
+    chunks = list(client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
+        max_tokens=12, temperature=0, stream=True,
+    ))  # fmt: skip
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text.strip()
+    assert chunks[-1].choices[0].finish_reason in ("stop", "length")
+    serve.signal(signal.SIGINT)  # Ctrl-C
+    assert serve.wait(timeout_s=60) == 0
+    assert_nothing_left(serve)
