@@ -214,28 +214,16 @@ def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str
 
 
 def run_from_args(args: Any) -> int:
-    """The whole `pagedserve bench` run; exit code 1 when any request failed."""
+    """The whole `pagedserve bench` run; exit code 1 when any request failed. With `--launch`,
+    the pipeline is started here for `--model` (logs in a temporary file) and stopped before
+    the HF baseline runs, so that the baseline has the machine to itself."""
     requests, model_dir = build_workload(args)
-    endpoint = EndpointConfig(args.base_url, args.model, args.endpoint, args.api_key,
-                              ignore_eos=not args.no_ignore_eos)  # fmt: skip
-    try:
-        asyncio.run(wait_until_ready(endpoint, args.ready_timeout))
-    except TimeoutError as exc:
-        raise BenchError(str(exc)) from exc
-    sampler = None
-    if args.redis_url or args.metrics_url:
-        sampler = StatusSampler(args.redis_url, args.namespace, args.metrics_url)
-    result: dict[str, Any] = {
-        "label": args.label,
-        "base_url": args.base_url,
-        "model": args.model,
-        "endpoint": args.endpoint,
-        "seed": args.seed,
-        "workload": workload_summary(requests),
-        "runs": run_levels(endpoint, requests, load_levels(args), sampler),
-    }
-    best = max(result["runs"], key=lambda r: r["output_throughput"])
+    if args.launch:
+        result = _bench_launched(args, requests, model_dir)
+    else:
+        result = bench_server(args, requests)
     if args.hf_baseline:
+        best = max(result["runs"], key=lambda r: r["output_throughput"])
         result["hf_baseline"] = hf = run_hf(args, requests, model_dir)
         result["speedup_vs_hf"] = best["output_throughput"] / hf["output_throughput"]
         print(f"best server run / HF generate: {result['speedup_vs_hf']:.2f}x output tok/s")
@@ -248,6 +236,44 @@ def run_from_args(args: Any) -> int:
             print(f"wrote {path}")
     print(f"wrote {out.with_suffix('.json')}")
     return 1 if any(r["num_failed"] for r in result["runs"]) else 0
+
+
+def _bench_launched(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str, Any]:
+    import tempfile
+
+    from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
+
+    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs)
+    log_path = Path(tempfile.gettempdir()) / "pagedserve-bench-launch.log"
+    print(f"starting the pipeline for {model_dir} (logs: {log_path})", flush=True)
+    with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:
+        args.base_url, args.redis_url, args.namespace = (
+            pipeline.base_url, pipeline.redis_url, pipeline.namespace,
+        )  # fmt: skip
+        args.model = str(model_dir)
+        return bench_server(args, requests)
+
+
+def bench_server(args: Any, requests: list[BenchRequest]) -> dict[str, Any]:
+    """Every load level against the server at `args.base_url`."""
+    endpoint = EndpointConfig(args.base_url, args.model, args.endpoint, args.api_key,
+                              ignore_eos=not args.no_ignore_eos)  # fmt: skip
+    try:
+        asyncio.run(wait_until_ready(endpoint, args.ready_timeout))
+    except TimeoutError as exc:
+        raise BenchError(str(exc)) from exc
+    sampler = None
+    if args.redis_url or args.metrics_url:
+        sampler = StatusSampler(args.redis_url, args.namespace, args.metrics_url)
+    return {
+        "label": args.label,
+        "base_url": args.base_url,
+        "model": args.model,
+        "endpoint": args.endpoint,
+        "seed": args.seed,
+        "workload": workload_summary(requests),
+        "runs": run_levels(endpoint, requests, load_levels(args), sampler),
+    }
 
 
 if __name__ == "__main__":

@@ -64,6 +64,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--namespace", default="pagedserve")
     add("--metrics-url", default=None, help="sample vllm:* gauges from this /metrics URL")
     add("--ready-timeout", type=float, default=180.0, help="seconds to wait for /health")
+    add(
+        "--launch",
+        action="store_true",
+        help="start Redis + scheduler + worker + gateway for --model here, bench it, stop it",
+    )
+    add("--dtype", default="auto", help="the launched worker's dtype (with --launch)")
+    add("--max-num-seqs", type=int, default=256, help="the launched scheduler's (with --launch)")
     add("--label", default="pagedserve")
     add("--out", default=DEFAULT_OUT, help="output path prefix (.json and _*.png)")
     add("--no-plots", action="store_true")
