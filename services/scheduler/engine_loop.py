@@ -61,6 +61,7 @@ MAX_BACKOFF_S = 5.0
 CLAIM_INTERVAL_S = 5.0  # how often to look for dead engines' requests
 CLAIM_MIN_IDLE_MS = 10_000  # an entry is claimed once idle this long (and its engine is dead)
 RECENT_ABORTS = 10_000  # aborts of requests not (yet) seen here, remembered this many
+GONE_GATEWAYS = 1_000  # gateways found dead, remembered this many
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,9 @@ class EngineLoop:
         self.scheduler: Scheduler | None = None
         self.inflight: dict[str, Inflight] = {}
         self.recent_aborts: OrderedDict[str, str] = OrderedDict()
+        # gateway id -> unix time it was found dead: its requests that arrived before then and
+        # are still in the stream are aborted when read (a restarted gateway may reuse the id)
+        self.gone_gateways: OrderedDict[str, float] = OrderedDict()
         self.writes = StepWrites.empty()
         self.intake: list[StreamEntry] = []
         self.abort_intake: list[AbortRequest] = []
@@ -348,8 +352,11 @@ class EngineLoop:
         if request.request_id in self.inflight:  # delivered twice (resume + claim): keep one
             return
         self.inflight[request.request_id] = Inflight(entry.entry_id, request.gateway_id)
-        if request.request_id in self.recent_aborts:
-            reason = self.recent_aborts.pop(request.request_id)
+        reason = self.recent_aborts.pop(request.request_id, None)
+        gone_at = self.gone_gateways.get(request.gateway_id)
+        if gone_at is not None and request.arrival_time <= gone_at:
+            reason = "gateway gone"
+        if reason is not None:
             self._collect([TokenDelta(request.request_id, [], finish_reason="abort", error=reason)])
             return
         try:
@@ -540,6 +547,9 @@ class EngineLoop:
                 continue
             gone, suspects = missing & suspects, missing
             for gateway_id in gone:
+                self.gone_gateways[gateway_id] = time.time()
+                if len(self.gone_gateways) > GONE_GATEWAYS:
+                    self.gone_gateways.popitem(last=False)
                 request_ids = [r for r, i in self.inflight.items() if i.gateway_id == gateway_id]
                 logger.warning(
                     "gateway %s is gone (heartbeat expired): aborting its %d request(s)",
