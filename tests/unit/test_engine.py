@@ -170,3 +170,21 @@ def test_default_model_greedy_matches_hf():
         ref = hf_greedy(hf, result.prompt_token_ids, 10)
         assert_matches_hf(result.token_ids, ref, result.text or "")
     assert "Paris" in results[0].text
+
+
+def test_seeded_sampling_survives_preemption_and_batch_changes(tiny_llama_dir):
+    prompts = random_prompts((50, 60, 70, 55, 65, 75, 58, 62), seed=4)
+    seeded = [
+        SamplingParams(temperature=1.0, top_p=0.9, seed=100 + i, max_tokens=12, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    roomy = make_engine(tiny_llama_dir, num_blocks=400, block_size=4).generate(prompts, seeded)
+    tight_engine = make_engine(tiny_llama_dir, num_blocks=40, block_size=4)
+    tight = tight_engine.generate(prompts, seeded)
+    assert tight_engine.scheduler.stats().num_preemptions > 0
+    assert [r.token_ids for r in tight] == [r.token_ids for r in roomy]
+    alone = make_engine(tiny_llama_dir).generate([prompts[3]], [seeded[3]])[0]
+    assert alone.token_ids == roomy[3].token_ids
+    unseeded = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)] * 2
+    a, b = make_engine(tiny_llama_dir).generate([prompts[0]] * 2, unseeded)
+    assert a.token_ids != b.token_ids  # no accidental fixed seed
