@@ -83,6 +83,7 @@ class ServiceProcess:
             try:
                 self.process.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
+                print(f"{self.name} ignored SIGTERM for {timeout_s}s; killing it", file=sys.stderr)
                 self.signal(signal.SIGKILL)
                 self.process.wait()
         with contextlib.suppress(ProcessLookupError):  # children that outlived their parent

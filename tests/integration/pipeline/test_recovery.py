@@ -1,6 +1,7 @@
 """Failures through the real pipeline: a worker killed mid-generation is detected, /health
 turns false, and once a new worker attaches the in-flight request is recomputed and completes
-with the text it would have had."""
+with the text it would have had; a scheduler killed mid-generation and restarted under its
+engine id resumes its requests without duplicating text."""
 
 from __future__ import annotations
 
@@ -35,36 +36,62 @@ def pipeline(pipeline_factory):
     return pipeline
 
 
+@pytest.fixture(scope="module")
+def expected_text(reference_engine) -> str:
+    [result] = reference_engine.generate(
+        [PROMPT], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    )
+    return result.text
+
+
 def health(pipeline) -> int:
     return httpx.get(f"{pipeline.base_url()}/health", timeout=5).status_code
 
 
-def test_a_killed_worker_is_detected_and_its_requests_finish_on_the_replacement(
-    pipeline, reference_engine
-):
-    [expected] = reference_engine.generate(
-        [PROMPT], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    )
-    engine = pipeline.engines[0]
-    model = pipeline.client().models.list().data[0].id
-    outcome: dict[str, object] = {}
+class StreamingRequest:
+    """One greedy streaming completion in a thread; `first_chunk` is set as soon as the
+    client has received text, so a failure can be injected mid-generation at any speed."""
 
-    def ask() -> None:
+    def __init__(self, pipeline) -> None:
+        self.pipeline = pipeline
+        self.first_chunk = threading.Event()
+        self.text = ""
+        self.usage = None
+        self.error: Exception | None = None
+        self.thread = threading.Thread(target=self._run)
+        self.thread.start()
+        assert self.first_chunk.wait(timeout=30), f"no first chunk: {self.error}"
+
+    def _run(self) -> None:
+        client = self.pipeline.client()
         try:
-            answer = pipeline.client().completions.create(
-                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0,
-                extra_body={"ignore_eos": True},
+            model = client.models.list().data[0].id
+            chunks = client.completions.create(
+                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
+                stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
             )  # fmt: skip
-            outcome["answer"] = answer
-        except Exception as exc:  # reported by the assertion below
-            outcome["error"] = exc
+            for chunk in chunks:
+                if chunk.choices and chunk.choices[0].text:
+                    self.text += chunk.choices[0].text
+                    self.first_chunk.set()
+                self.usage = chunk.usage or self.usage
+        except Exception as exc:  # reported by the test's assertions
+            self.error = exc
+        finally:
+            self.first_chunk.set()
 
-    thread = threading.Thread(target=ask)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while pipeline.engine_status(ENGINE_ID).num_running == 0:
-        assert time.monotonic() < deadline, "the request never started running"
-        time.sleep(0.05)
+    def result(self, timeout_s: float = 90.0) -> str:
+        self.thread.join(timeout=timeout_s)
+        assert not self.thread.is_alive(), "the request never finished"
+        assert self.error is None, self.error
+        return self.text
+
+
+def test_a_killed_worker_is_detected_and_its_requests_finish_on_the_replacement(
+    pipeline, expected_text
+):
+    engine = pipeline.engines[0]
+    request = StreamingRequest(pipeline)
     engine.workers[0].kill()
     killed_at = time.monotonic()
 
@@ -73,7 +100,7 @@ def test_a_killed_worker_is_detected_and_its_requests_finish_on_the_replacement(
         assert time.monotonic() - killed_at < 9, "the dead worker was not noticed"
         time.sleep(0.1)
     assert "workers lost" in engine.scheduler.log()
-    assert thread.is_alive(), "the request ended although its worker died"
+    assert request.thread.is_alive(), "the request ended although its worker died"
 
     offset = len(engine.scheduler.log())
     replacement = worker_process(
@@ -82,12 +109,8 @@ def test_a_killed_worker_is_detected_and_its_requests_finish_on_the_replacement(
     ).start()  # fmt: skip
     engine.workers.append(replacement)
     engine.scheduler.wait_for_log("worker rank 0 attached", timeout_s=60, after=offset)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
-    choice = outcome["answer"].choices[0]
-    assert choice.text == expected.text
-    assert outcome["answer"].usage.completion_tokens == MAX_TOKENS
+    assert request.result() == expected_text
+    assert request.usage.completion_tokens == MAX_TOKENS
     deadline = time.monotonic() + 5
     while health(pipeline) != 200 or pipeline.engine_status(ENGINE_ID).num_running:
         assert time.monotonic() < deadline, "/health did not recover or the request still runs"
@@ -109,14 +132,11 @@ def test_the_scheduler_exits_cleanly_on_sigterm_and_the_worker_waits(pipeline):
 
 
 def test_a_crashed_scheduler_restarted_with_its_id_finishes_its_requests_without_duplicates(
-    pipeline, reference_engine
+    pipeline, expected_text
 ):
     """Kill -9 the scheduler mid-generation and start it again under the same engine id: it
     re-reads its un-ACKed request, the waiting worker attaches to the new epoch, the request is
     recomputed and the client gets exactly the text it would have had."""
-    [expected] = reference_engine.generate(
-        [PROMPT], SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
-    )
     engine = pipeline.engines[0]
 
     def start_scheduler(name: str):
@@ -128,30 +148,9 @@ def test_a_crashed_scheduler_restarted_with_its_id_finishes_its_requests_without
         return scheduler
 
     start_scheduler("scheduler-second").wait_for_log("workers ready", timeout_s=30)
-    model = pipeline.client().models.list().data[0].id
-    outcome: dict[str, object] = {}
-
-    def ask() -> None:
-        try:
-            chunks = pipeline.client().completions.create(
-                model=model, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True,
-                extra_body={"ignore_eos": True},
-            )  # fmt: skip
-            outcome["text"] = "".join(c.choices[0].text for c in chunks if c.choices)
-        except Exception as exc:  # reported by the assertion below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=ask)
-    thread.start()
-    deadline = time.monotonic() + 20
-    while pipeline.engine_status(ENGINE_ID).num_running == 0:
-        assert time.monotonic() < deadline, "the request never started running"
-        time.sleep(0.05)
-    time.sleep(0.5)  # some tokens have reached the client
+    request = StreamingRequest(pipeline)
     engine.scheduler.kill()
     third = start_scheduler("scheduler-third")
     third.wait_for_log("resuming 1 un-ACKed request(s)", timeout_s=30)
-    thread.join(timeout=60)
-    assert not thread.is_alive()
-    assert "error" not in outcome, outcome.get("error")
-    assert outcome["text"] == expected.text
+    assert request.result() == expected_text
+    assert request.usage.completion_tokens == MAX_TOKENS
