@@ -19,6 +19,7 @@ from shared.keys import ENGINE_GROUP, RedisKeys
 from shared.protocol import (
     ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
+    ERROR_QUEUE_FULL,
     AbortRequest,
     GenerateRequest,
     SamplingParams,
@@ -70,14 +71,14 @@ class EngineHarness:
     """An EngineLoop in its own thread (own event loop) and a WorkerLoop in another."""
 
     def __init__(self, redis_url: str, namespace: str, engine_id: str = "e1",
-                 step_delay_s: float = 0.0) -> None:  # fmt: skip
+                 step_delay_s: float = 0.0, max_waiting: int = 4096) -> None:  # fmt: skip
         plan_port, result_port = free_port(), free_port()
         self.engine = EngineLoop(
             EngineLoopConfig(
                 engine_id=engine_id, redis_url=redis_url, namespace=namespace,
                 plan_address=f"tcp://127.0.0.1:{plan_port}",
                 result_address=f"tcp://127.0.0.1:{result_port}",
-                scheduler_config=SchedulerConfig(max_model_len=128),
+                scheduler_config=SchedulerConfig(max_model_len=128, max_waiting=max_waiting),
                 cache_config=CacheConfig(block_size=16), worker_timeout_s=5.0,
                 gateway_check_interval_s=0.5,
             )
@@ -241,6 +242,25 @@ def test_a_restart_with_the_same_engine_id_resumes_unacked_requests(redis_url, n
         assert client.redis.xlen(keys.requests) == 0
     finally:
         harness.stop()
+
+
+def test_resumed_requests_beyond_the_waiting_bound_get_a_retryable_queue_full(redis_url, namespace):
+    client = Client(redis_url, namespace)
+    keys = client.keys
+    client.redis.xgroup_create(keys.requests, ENGINE_GROUP, id="0", mkstream=True)
+    for i in range(3):
+        client.submit(f"q{i}", max_tokens=2)
+    client.redis.xreadgroup(ENGINE_GROUP, "e1", {keys.requests: ">"}, count=10)
+    harness = EngineHarness(redis_url, namespace, engine_id="e1", max_waiting=1)
+    try:
+        done = client.finished(["q0", "q1", "q2"])
+    finally:
+        harness.stop()
+    assert done["q0"].finish_reason == "length"
+    for request_id in ("q1", "q2"):
+        assert done[request_id].finish_reason == "error"
+        assert done[request_id].error_code == ERROR_QUEUE_FULL
+    assert client.redis.xlen(keys.requests) == 0
 
 
 def test_requests_of_a_dead_gateway_are_aborted(redis_url, namespace):
