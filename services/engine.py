@@ -18,6 +18,8 @@ from services.scheduler.scheduler import Scheduler
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import GenerateRequest, SamplingParams, TokenDelta
 
+MAX_IDLE_STEPS = 100  # empty plans in a row with work waiting: a scheduler that is stuck
+
 
 @dataclass(slots=True)
 class GenerationResult:
@@ -77,6 +79,7 @@ class LLMEngine:
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
         self._ids = itertools.count()
+        self._last_plan_ran = False
 
     def _load_tokenizer(self) -> Any | None:
         if (
@@ -120,6 +123,7 @@ class LLMEngine:
     def step(self) -> list[TokenDelta]:
         """One scheduling step and its forward; the deltas it produced."""
         plan = self.scheduler.schedule()
+        self._last_plan_ran = not plan.is_empty
         if plan.is_empty:
             # Finished/preempted ids still have to reach the runner so it drops their state.
             self.runner.execute(plan)
@@ -147,8 +151,16 @@ class LLMEngine:
             token_ids = self.encode(prompt)
             results[request_id] = GenerationResult(request_id, token_ids)
             self.add_request(GenerateRequest(request_id, token_ids, sp))
+        num_idle_steps = 0
         while self.has_unfinished_requests():
-            for delta in self.step():
+            deltas = self.step()
+            num_idle_steps = 0 if deltas or self._last_plan_ran else num_idle_steps + 1
+            if num_idle_steps > MAX_IDLE_STEPS:
+                raise RuntimeError(
+                    f"the scheduler scheduled nothing for {MAX_IDLE_STEPS} steps with "
+                    f"{self.scheduler.stats()} unfinished: it cannot make progress"
+                )
+            for delta in deltas:
                 if delta.request_id in results:
                     results[delta.request_id].add(delta)
         if self.tokenizer is not None:

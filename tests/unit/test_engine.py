@@ -11,7 +11,7 @@ import pytest
 
 from services.engine import LLMEngine
 from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams
+from shared.protocol import GenerateRequest, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
 from tests.fixtures.tiny_models import TINY_VOCAB_SIZE
 
@@ -188,3 +188,11 @@ def test_seeded_sampling_survives_preemption_and_batch_changes(tiny_llama_dir):
     unseeded = [SamplingParams(temperature=1.0, max_tokens=12, ignore_eos=True)] * 2
     a, b = make_engine(tiny_llama_dir).generate([prompts[0]] * 2, unseeded)
     assert a.token_ids != b.token_ids  # no accidental fixed seed
+
+
+def test_generate_fails_loudly_when_the_scheduler_is_stuck(tiny_llama_dir, monkeypatch):
+    engine = make_engine(tiny_llama_dir)
+    engine.add_request(GenerateRequest("r", [1, 2], GREEDY))
+    monkeypatch.setattr(engine.scheduler, "schedule", lambda: StepPlan(0))
+    with pytest.raises(RuntimeError, match="cannot make progress"):
+        engine.generate([[3, 4]], GREEDY)
