@@ -15,7 +15,10 @@ from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
+from services.cli.ports import free_port
+from services.cli.redis_launcher import RedisServer
 from tests.integration.cli.serve_process import ServeProcess, group_exists, is_alive
 from tests.integration.pipeline.served_model import build_served_model
 
@@ -142,9 +145,22 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
 
 @pytest.mark.slow
 def test_a_dead_worker_is_reported_and_everything_stops(model_dir: Path, serve_factory) -> None:
-    serve = ServeProcess("--model", str(model_dir), *SERVE_FLAGS)
-    serve_factory.append(serve.start())
-    serve.wait_ready()
+    """Also the path with a Redis of the user's (--redis-url): serve must leave it running."""
+    with RedisServer(free_port()) as redis_server:
+        serve = ServeProcess("--model", str(model_dir), "--redis-url", redis_server.url,
+                             "--namespace", "mine", *SERVE_FLAGS)  # fmt: skip
+        serve_factory.append(serve.start())
+        serve.wait_ready()
+        commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serve.child_pids]
+        assert not any(b"redis-server" in command for command in commands)
+        assert serve.redis_args() == ["--redis-url", redis_server.url, "--namespace", "mine"]
+        _kill_worker_and_check(serve)
+        client = redis.Redis.from_url(redis_server.url)
+        assert client.ping()  # not ours to stop
+        client.close()
+
+
+def _kill_worker_and_check(serve: ServeProcess) -> None:
     worker_pid = next(
         pid for pid in serve.child_pids
         if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
