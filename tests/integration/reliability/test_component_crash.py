@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import re
 import time
+from collections import Counter
 
 import httpx
 import pytest
@@ -61,6 +62,14 @@ def all_blocks_free(pipeline) -> bool:
         status.num_running == status.num_waiting == 0
         and status.num_free_blocks == status.num_total_blocks > 0
     )
+
+
+def request_states(pipeline, gateway_id: str) -> Counter:
+    """How many of a gateway's requests are in each state (from the request status hashes)."""
+    with pipeline.redis() as client:
+        records = [client.hgetall(key) for key in client.scan_iter(pipeline.keys.request("*"))]
+    mine = [r for r in records if r.get(b"gateway_id") == gateway_id.encode()]
+    return Counter(r[b"state"].decode() for r in mine)
 
 
 async def start_streams(pipeline, gateway: int, prompts: list[str], client: httpx.AsyncClient):
@@ -124,8 +133,8 @@ def test_a_killed_gateway_has_its_requests_aborted_and_the_other_serves(pipeline
 
     async def scenario() -> list[StreamResult]:
         async with httpx.AsyncClient(timeout=120) as client:
-            # 24 requests through gw-c0 with 2 running at a time: far longer than the TTL.
-            doomed_results, _ = await start_streams(pipeline, 0, PROMPTS * 6, client)
+            # 60 requests through gw-c0 with 2 running at a time: far longer than the TTL.
+            doomed_results, _ = await start_streams(pipeline, 0, PROMPTS * 15, client)
             while all(r.first_piece_at is None for r in doomed_results):
                 await asyncio.sleep(0.01)
             await asyncio.to_thread(doomed.kill)
@@ -144,6 +153,8 @@ def test_a_killed_gateway_has_its_requests_aborted_and_the_other_serves(pipeline
     wait_for("gw-c0's requests aborted", aborted, GATEWAY_HEARTBEAT_TTL_S + 3 * 3 + SLACK_S)
     found = re.search(r"gateway gw-c0 is gone.*aborting its (\d+) request", engine.scheduler.log())
     assert found and int(found.group(1)) >= 1
-    wait_for("every block free", lambda: all_blocks_free(pipeline), 10)
+    wait_for("every block free", lambda: all_blocks_free(pipeline), 30)
+    states = request_states(pipeline, "gw-c0")
+    assert sum(states.values()) == 60 and states["aborted"] >= 30, states  # not run for nobody
     with pipeline.redis() as client:
         assert client.xlen(pipeline.keys.requests) == 0
