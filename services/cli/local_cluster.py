@@ -75,6 +75,8 @@ class LocalCluster:
         self.stop_requested.set()
         if self._num_signals > 1:  # the user insists: no more draining
             for child in self.supervisor.children:
+                if child.proc.returncode is not None:  # reaped: its pid may be reused
+                    continue
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(child.pid, signal.SIGKILL)
 

@@ -177,7 +177,9 @@ class Supervisor:
             _join_reader(child)
 
     def kill_all(self) -> None:
-        self.stop(list(reversed(self.children)), timeout_s=0.0, sig=signal.SIGKILL)
+        """SIGKILL every child still running (and its process group)."""
+        running = [c for c in reversed(self.children) if c.poll() is None]
+        self.stop(running, timeout_s=0.0, sig=signal.SIGKILL)
 
 
 def _signal_group(child: Child, sig: int) -> None:
