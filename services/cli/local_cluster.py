@@ -87,7 +87,9 @@ class LocalCluster:
             self._redis_dir = tempfile.TemporaryDirectory(prefix="pagedserve-redis-")
             argv = redis_server_command(find_redis_server(), self.ports.redis, self._redis_dir.name)
             self.redis = [self.supervisor.start(ChildSpec("redis", argv))]
-        if not self.supervisor.wait_until("Redis answering PING", self._redis_answers, 30, stop):
+        if not self.supervisor.wait_until(
+            f"Redis at {self.redis_url} answering PING", self._redis_answers, 10, stop
+        ):
             return False
         plan: LaunchPlan = plan_launch(self.options, model_dir, self.redis_url, self.ports)
         self.engine = [self.supervisor.start(spec) for spec in plan.engine]
