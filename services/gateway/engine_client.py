@@ -51,6 +51,8 @@ READ_COUNT = 256
 ABORTS_MAXLEN = 100_000  # the aborts stream is read by every engine, never consumed: cap it
 MAX_BACKOFF_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 2.0
+REDIS_MAX_CONNECTIONS = 64  # per gateway; calls beyond wait for a free one
+REDIS_POOL_WAIT_S = 20.0  # longest wait for a free connection before a 503
 
 
 class EngineClient:
@@ -68,7 +70,16 @@ class EngineClient:
         self.engine_loss_timeout_s = engine_loss_timeout_s
         self.gateway_id = gateway_id
         self.max_pending_requests = max_pending_requests
-        self.redis = aioredis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=5)
+        # A bounded pool that makes callers wait for a free connection: under a burst of
+        # requests the default pool fails calls with "Too many connections" instead.
+        pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url,
+            max_connections=REDIS_MAX_CONNECTIONS,
+            timeout=REDIS_POOL_WAIT_S,
+            socket_connect_timeout=2,
+            socket_timeout=5,
+        )
+        self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
