@@ -98,7 +98,9 @@ def test_500_concurrent_streams_are_all_answered_and_leave_no_block_behind(loade
     assert set(codes) <= {"queue_full", "redis_unavailable", "service_unavailable"}, codes
     assert len(completed) >= 64, f"only {len(completed)} completed"  # at least max_num_seqs
     assert took_s < LOAD_BOUND_S
+    examples = {r.error["error"]["code"]: r.error["error"]["message"] for r in refused}
     print(f"\n500 streams: {len(completed)} completed, {dict(codes)} refused, {took_s:.1f}s")
+    print(f"refusals: {examples}")
     wait_idle_and_checked(loaded, "engine-load", since=started + took_s)
 
 
