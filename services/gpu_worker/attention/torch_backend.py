@@ -56,6 +56,44 @@ def batched_decode_attention(
     return out.reshape(batch, num_heads, head_dim).to(query.dtype)
 
 
+MAX_DECODE_GROUPS = 4
+
+
+def grouped_decode_attention(
+    query: torch.Tensor,  # [B, Hq, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [B, max_blocks] int32
+    seq_lens: torch.Tensor,  # [B] int32
+    scale: float,
+) -> torch.Tensor:  # [B, Hq, D]
+    """Decode attention over length-sorted groups, each padded only to its own longest
+    context: with long-tailed lengths, padding everyone to the longest costs several times
+    the real work (gathers and matmuls are proportional to the padded length)."""
+    lens = seq_lens.tolist()
+    batch = len(lens)
+    if batch < 2 * MAX_DECODE_GROUPS or max(lens) <= 2 * min(lens):
+        return batched_decode_attention(
+            query, k_cache, v_cache, block_tables, seq_lens, max(lens), scale
+        )
+    order = sorted(range(batch), key=lens.__getitem__)
+    out = torch.empty_like(query)
+    group_size = -(-batch // MAX_DECODE_GROUPS)
+    for start in range(0, batch, group_size):
+        rows = order[start : start + group_size]
+        index = torch.tensor(rows, device=query.device)
+        out[index] = batched_decode_attention(
+            query[index],
+            k_cache,
+            v_cache,
+            block_tables[index],
+            seq_lens[index],
+            lens[rows[-1]],
+            scale,
+        )
+    return out
+
+
 class TorchAttentionBackend(BaseAttentionBackend):
     name = "torch"
 
@@ -70,14 +108,8 @@ class TorchAttentionBackend(BaseAttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
         if metadata.is_decode_only:
-            return batched_decode_attention(
-                query,
-                k_cache,
-                v_cache,
-                metadata.block_tables,
-                metadata.seq_lens,
-                metadata.max_seq_len,
-                self.scale,
+            return grouped_decode_attention(
+                query, k_cache, v_cache, metadata.block_tables, metadata.seq_lens, self.scale
             )
         return paged_prefill_attention(
             query,

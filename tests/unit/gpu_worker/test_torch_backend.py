@@ -10,7 +10,7 @@ from services.gpu_worker.attention.base import build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend, write_kv
 
-BLOCK_SIZE, NUM_BLOCKS, HQ, HKV, D = 4, 40, 6, 2, 16
+BLOCK_SIZE, NUM_BLOCKS, HQ, HKV, D = 4, 128, 6, 2, 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}
 
 
@@ -40,16 +40,21 @@ def test_metadata_slots_and_positions():
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_decode_batch_matches_reference(dtype):
-    seq_lens = [1, 5, 17, 33, 8]
+@pytest.mark.parametrize(
+    "seq_lens",
+    [[1, 5, 17, 33, 8], [3, 90, 4, 7, 120, 2, 9, 15, 60, 1, 5]],  # the second is length-grouped
+    ids=["flat", "grouped"],
+)
+def test_decode_batch_matches_reference(dtype, seq_lens):
+    batch = len(seq_lens)
     k_cache, v_cache = random_caches(dtype)
     tables = random_tables(seq_lens)
-    meta = build_attention_metadata(seq_lens, [1] * 5, tables, BLOCK_SIZE, torch.device("cpu"))
+    meta = build_attention_metadata(seq_lens, [1] * batch, tables, BLOCK_SIZE, torch.device("cpu"))
     assert meta.is_decode_only
     gen = torch.Generator().manual_seed(2)
-    q = torch.randn((5, HQ, D), generator=gen).to(dtype)
-    k = torch.randn((5, HKV, D), generator=gen).to(dtype)
-    v = torch.randn((5, HKV, D), generator=gen).to(dtype)
+    q = torch.randn((batch, HQ, D), generator=gen).to(dtype)
+    k = torch.randn((batch, HKV, D), generator=gen).to(dtype)
+    v = torch.randn((batch, HKV, D), generator=gen).to(dtype)
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     write_kv_cache(k, v, ref_k, ref_v, meta.slot_mapping)
     expected = paged_decode_attention(q, ref_k, ref_v, meta.block_tables, meta.seq_lens, 0.25)
