@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from services.gpu_worker.attention.base import build_attention_metadata
+from services.gpu_worker.attention.base import AttentionMetadata, build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
 from services.gpu_worker.default_model import ensure_model
 from services.gpu_worker.kv_cache import (
@@ -204,7 +204,7 @@ class ModelRunner:
             state.validate(self.block_size, self.max_model_len)
         return scheduled
 
-    def _prepare(self, scheduled: list[SequenceState]) -> tuple[_StepInputs, object]:
+    def _prepare(self, scheduled: list[SequenceState]) -> tuple[_StepInputs, AttentionMetadata]:
         token_ids: list[int] = []
         positions: list[int] = []
         sampled: list[SequenceState] = []
@@ -250,12 +250,12 @@ class ModelRunner:
             )
             for s in inputs.sampled
         ]
-        out = sample(logits, rows) if rows else None
+        out = sample(logits, rows)
         return StepResult(
             step_id=plan.step_id,
             seq_ids=[s.seq_id for s in inputs.sampled],
-            token_ids=out.token_ids if out else [],
-            logprobs=out.logprobs if out else None,
-            top_logprobs=out.top_logprobs if out else None,
+            token_ids=out.token_ids,
+            logprobs=out.logprobs,
+            top_logprobs=out.top_logprobs,
             execute_time_s=time.perf_counter() - start,
         )
