@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable
@@ -40,6 +41,7 @@ from services.gateway.openai_schema import (
     parse_chat_request,
     parse_completion_request,
 )
+from services.gateway.openapi_document import openapi_document
 from services.gateway.output_processor import ChoiceProcessor
 from services.gateway.request_builder import (
     PromptInput,
@@ -122,9 +124,29 @@ async def read_json(request: Request, limit: int) -> Any:
     except UnicodeDecodeError as exc:
         raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})") from exc
     try:
-        return json.loads(text)
+        body = json.loads(text)
     except ValueError as exc:
         raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+    except RecursionError as exc:  # e.g. "[[[[...": the parser recurses once per level
+        raise bad_request("the request body is nested too deeply") from exc
+    if _SURROGATE_ESCAPE.search(text):  # rare: only then pay for a full re-encode
+        _reject_lone_surrogates(body)
+    return body
+
+
+# A JSON \u escape of a UTF-16 surrogate; a lone one decodes to a str that is not valid
+# Unicode, which the tokenizer (and any UTF-8 writer) would fail on later.
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _reject_lone_surrogates(body: Any) -> None:
+    try:
+        json.dumps(body, ensure_ascii=False).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise bad_request(
+            "the request body holds an unpaired UTF-16 surrogate escape (e.g. \\ud800), "
+            "which is not a Unicode character"
+        ) from exc
 
 
 class GatewayRoutes:
@@ -246,6 +268,9 @@ class GatewayRoutes:
             )
         return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
 
+    async def openapi(self, request: Request) -> Response:
+        return JSONResponse(openapi_document(f"pagedserve gateway ({self.config.model_name})"))
+
     async def metrics_text(self, request: Request) -> Response:
         try:
             statuses = await self.client.engine_statuses()
@@ -292,6 +317,7 @@ def build_app(
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics_text, methods=["GET"]),
+            Route("/openapi.json", routes.openapi, methods=["GET"]),
         ],
         middleware=[
             *([Middleware(DrainMiddleware, drainer=drainer)] if drainer else []),
