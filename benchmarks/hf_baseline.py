@@ -22,11 +22,13 @@ from benchmarks.latency_stats import distribution
 from benchmarks.workload import BenchRequest
 
 
-def load_hf_model(model_dir: Path, dtype: torch.dtype) -> tuple[Any, Any | None]:
+def load_hf_model(
+    model_dir: Path, dtype: torch.dtype, threads: int | None = None
+) -> tuple[Any, Any | None]:
     """The model, and its tokenizer when the directory has one (prompts are token ids)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(os.cpu_count() or 1)
+    torch.set_num_threads(threads or os.cpu_count() or 1)
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
     has_tokenizer = any((Path(model_dir) / f).is_file()
                         for f in ("tokenizer.json", "tokenizer_config.json"))  # fmt: skip
@@ -98,12 +100,13 @@ def run_hf_baseline(
     dtype: torch.dtype,
     batch_sizes: Sequence[int] = (4, 16, 32),
     num_probe_requests: int | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
     """Probe each batch size on the first `num_probe_requests` requests (default: the largest
     batch size), then run the whole workload with the fastest."""
     if not batch_sizes:
         raise ValueError("batch_sizes must not be empty")
-    model, tokenizer = load_hf_model(model_dir, dtype)
+    model, tokenizer = load_hf_model(model_dir, dtype, threads)
     pad_id = _pad_id(model, tokenizer)
     generate_batch(model, pad_id, [BenchRequest("", requests[0].prompt_token_ids[:4], 2)])  # warm
     probe = list(requests[: num_probe_requests or max(batch_sizes)])
@@ -120,4 +123,9 @@ def run_hf_baseline(
         f"over {full['num_requests']} requests in {full['duration_s']:.1f}s",
         flush=True,
     )
-    return {"dtype": str(dtype).removeprefix("torch."), "probes": probes, **full}
+    return {
+        "dtype": str(dtype).removeprefix("torch."),
+        "num_threads": torch.get_num_threads(),
+        "probes": probes,
+        **full,
+    }

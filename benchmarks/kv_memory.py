@@ -144,14 +144,28 @@ def format_report(report: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def build_engine(model: str, max_num_seqs: int, max_num_batched_tokens: int, dtype: str) -> Any:
+def build_engine(
+    model: str,
+    max_num_seqs: int,
+    max_num_batched_tokens: int,
+    dtype: str,
+    threads: int | None = None,
+) -> Any:
+    """An in-process engine; `threads` overrides the torch thread count the runner picked
+    (on a small shared machine one thread per core that is really free beats them all: an
+    OpenMP barrier waits for a thread whose core is busy elsewhere)."""
+    import torch
+
     from services.engine import LLMEngine
     from shared.config import CacheConfig, SchedulerConfig
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
     )
-    return LLMEngine(model, scheduler_config, CacheConfig(), dtype=dtype)
+    engine = LLMEngine(model, scheduler_config, CacheConfig(), dtype=dtype)
+    if threads:
+        torch.set_num_threads(threads)
+    return engine
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -165,9 +179,10 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len", type=int, default=64)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--out", default="benchmarks/results/kv_memory.json")
     args = p.parse_args(argv)
-    engine = build_engine(args.model, args.max_num_seqs, 2048, args.dtype)
+    engine = build_engine(args.model, args.max_num_seqs, 2048, args.dtype, args.threads)
     requests = synthetic_workload(
         engine.tokenizer, args.num_prompts, LengthDistribution(args.prompt_len, 0.6, 8, 1024),
         LengthDistribution(args.output_len, 0.6, 4, 512), args.seed,

@@ -34,9 +34,9 @@ NUM_WARMUP = 4
 
 
 def in_process(
-    model: str, requests: list[BenchRequest], max_num_seqs: int, dtype: str
+    model: str, requests: list[BenchRequest], max_num_seqs: int, dtype: str, threads: int | None
 ) -> dict[str, Any]:
-    engine = build_engine(model, max_num_seqs, 2048, dtype)
+    engine = build_engine(model, max_num_seqs, 2048, dtype, threads)
     run_engine(engine, requests[:NUM_WARMUP], trace=False)
     run = run_engine(engine, requests)
     scheduler = engine.scheduler
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--output-len-max", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=None, help="in-process torch threads")
+    p.add_argument("--worker-threads", type=int, default=None, help="the worker's OMP threads")
     p.add_argument("--out", default="benchmarks/results/pipeline_overhead")
     args = p.parse_args(argv)
     model_dir = ensure_model(args.model)
@@ -126,16 +128,24 @@ def main(argv: list[str] | None = None) -> None:
         LengthDistribution(args.output_len, 0.6, 2, args.output_len_max),
         args.seed,
     )
-    inproc = in_process(str(model_dir), requests, args.max_num_seqs, args.dtype)
+    inproc = in_process(str(model_dir), requests, args.max_num_seqs, args.dtype, args.threads)
     print(f"in-process: {inproc['output_throughput']:.1f} out tok/s, "
           f"{inproc['num_steps']} steps, {inproc['step_ms']:.1f} ms/step")  # fmt: skip
     print(format_report(inproc["kv_memory"]))
-    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs)
+    config = PipelineConfig(
+        model_dir, args.dtype, args.max_num_seqs, worker_threads=args.worker_threads
+    )
     pipe = through_pipeline(config, requests, str(model_dir))
     print(f"pipeline:   {pipe['output_throughput']:.1f} out tok/s, "
           f"{pipe['num_steps']} steps, {pipe['step_ms']:.1f} ms/step, "
           f"{pipe['num_failed']} failed")  # fmt: skip
-    result = {"in_process": inproc, "pipeline": pipe, "overhead": compare(inproc, pipe)}
+    result = {
+        "threads": args.threads,
+        "worker_threads": args.worker_threads,
+        "in_process": inproc,
+        "pipeline": pipe,
+        "overhead": compare(inproc, pipe),
+    }
     o = result["overhead"]
     print(
         f"pipeline hops: {100 * o['throughput_loss']:.1f}% of throughput, "

@@ -68,9 +68,14 @@ def decode_rate(engine: Any, batch_size: int, prompt_len: int, num_decode: int) 
 
 
 def roofline_report(
-    model: str, dtype: str, batch_sizes: Sequence[int], prompt_len: int = 64, num_decode: int = 16
+    model: str,
+    dtype: str,
+    batch_sizes: Sequence[int],
+    prompt_len: int = 64,
+    num_decode: int = 16,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    engine = build_engine(model, max(batch_sizes), 4096, dtype)
+    engine = build_engine(model, max(batch_sizes), 4096, dtype, threads)
     engine_dtype = engine.runner.dtype
     rates = {
         str(engine_dtype).removeprefix("torch."): matmul_flops_per_s(engine_dtype),
@@ -87,6 +92,7 @@ def roofline_report(
     return {
         "model": str(engine.model_dir),
         "dtype": str(engine_dtype).removeprefix("torch."),
+        "num_threads": torch.get_num_threads(),
         **shape,
         "context_len": context,
         "flops_per_token": fpt,
@@ -109,7 +115,7 @@ def format_roofline(report: dict[str, Any]) -> str:
         f"matmul: {rates}\n"
         f"model: {report['num_params'] / 1e6:.1f}M params, {report['flops_per_token'] / 1e6:.0f} "
         f"MFLOP/token at context {report['context_len']:.0f}\n"
-        f"decode ({report['dtype']}): {levels}\n"
+        f"decode ({report['dtype']}, {report['num_threads']} threads): {levels}\n"
         f"best {report['best_decode_tokens_per_s']:.0f} tok/s at B={report['best_batch_size']} = "
         f"{100 * report['fraction_of_flop_limit']:.0f}% of the FLOP limit "
         f"{report['flop_limit_tokens_per_s']:.0f} tok/s"
@@ -125,9 +131,11 @@ if __name__ == "__main__":
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
     p.add_argument("--batch-sizes", default="16,64,128")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--out", default="benchmarks/results/roofline.json")
     args = p.parse_args()
-    report = roofline_report(args.model, args.dtype, [int(b) for b in args.batch_sizes.split(",")])
+    batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
+    report = roofline_report(args.model, args.dtype, batch_sizes, threads=args.threads)
     print(format_roofline(report))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")

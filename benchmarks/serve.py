@@ -210,7 +210,7 @@ def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str
 
     hf_dir = ensure_model(args.hf_model) if args.hf_model else model_dir
     dtype = resolve_dtype(args.hf_dtype, torch.device("cpu"))
-    return run_hf_baseline(hf_dir, requests, dtype, args.hf_batch_sizes)
+    return run_hf_baseline(hf_dir, requests, dtype, args.hf_batch_sizes, threads=args.hf_threads)
 
 
 def run_from_args(args: Any) -> int:
@@ -243,7 +243,9 @@ def _bench_launched(args: Any, requests: list[BenchRequest], model_dir: Path) ->
 
     from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
 
-    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs)
+    config = PipelineConfig(
+        model_dir, args.dtype, args.max_num_seqs, worker_threads=args.worker_threads
+    )
     log_path = Path(tempfile.gettempdir()) / "pagedserve-bench-launch.log"
     print(f"starting the pipeline for {model_dir} (logs: {log_path})", flush=True)
     with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:

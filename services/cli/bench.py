@@ -71,6 +71,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add("--dtype", default="auto", help="the launched worker's dtype (with --launch)")
     add("--max-num-seqs", type=int, default=256, help="the launched scheduler's (with --launch)")
+    add("--worker-threads", type=int, default=None, help="the launched worker's OMP threads")
     add("--label", default="pagedserve")
     add("--out", default=DEFAULT_OUT, help="output path prefix (.json and _*.png)")
     add("--no-plots", action="store_true")
@@ -82,6 +83,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     hf.add_argument("--hf-dtype", default="auto", help="auto | bfloat16 | float32")
     hf.add_argument("--hf-batch-sizes", type=_int_list, default=[4, 16, 32])
+    hf.add_argument("--hf-threads", type=int, default=None, help="torch threads (default: all)")
     parser.set_defaults(func=run)
 
 
