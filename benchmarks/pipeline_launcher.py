@@ -72,6 +72,7 @@ class LocalPipeline:
             gateway += ["--max-model-len", str(c.max_model_len)]
         worker_env = dict(os.environ)
         if c.worker_threads:
+            worker_env["PAGEDSERVE_NUM_THREADS"] = str(c.worker_threads)
             worker_env["OMP_NUM_THREADS"] = str(c.worker_threads)
         return [
             ChildSpec("scheduler", scheduler),
