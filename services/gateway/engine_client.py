@@ -81,6 +81,9 @@ class EngineClient:
         )
         self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
+        self._submitted: dict[
+            str, GenerateRequest
+        ] = {}  # open ones, to re-queue if Redis lost them
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
 
@@ -89,6 +92,7 @@ class EngineClient:
             asyncio.create_task(self._read_outputs(), name="gateway-output-reader"),
             asyncio.create_task(self._heartbeat(), name="gateway-heartbeat"),
             asyncio.create_task(self._watch_engines(), name="gateway-engine-watch"),
+            asyncio.create_task(self._watch_redis_restarts(), name="gateway-redis-watch"),
         ]
 
     async def close(self) -> None:
@@ -115,6 +119,7 @@ class EngineClient:
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self._submitted.pop(request_id, None)
 
     @property
     def num_open_streams(self) -> int:
@@ -149,6 +154,9 @@ class EngineClient:
                 await pipe.execute()
         except RedisError as exc:
             raise _redis_down(exc) from exc
+        for request in requests:
+            if request.request_id in self._streams:
+                self._submitted[request.request_id] = request
 
     def _queue_commands(self, pipe: aioredis.client.Pipeline, request: GenerateRequest) -> None:
         status = RequestStatus(
@@ -259,6 +267,39 @@ class EngineClient:
                 )
                 ended = self.finish_open_streams("error", message, ERROR_NO_LIVE_ENGINE)
                 logger.error("ended %d open request(s): %s", len(ended), message)
+
+    async def _watch_redis_restarts(self) -> None:
+        """A Redis restarted without persistence has lost the queued requests. Its run id
+        changes; then every open request whose status record is gone (no engine has written
+        it since) is queued again. An engine that already holds one drops the duplicate."""
+        run_id: str | None = None
+        while True:
+            await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            try:
+                current = str((await self.redis.info("server"))["run_id"])
+                if run_id is not None and current != run_id:
+                    await self._requeue_lost_requests()
+                run_id = current
+            except RedisError as exc:
+                logger.debug("Redis restart check failed: %s", exc)
+
+    async def _requeue_lost_requests(self) -> None:
+        requests = list(self._submitted.values())
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for request in requests:
+                pipe.exists(self.keys.request(request.request_id))
+            found = await pipe.execute()
+        lost = [r for r, exists in zip(requests, found, strict=True) if not exists]
+        logger.warning(
+            "Redis restarted (new run id): %d of %d open request(s) lost, queued again",
+            len(lost),
+            len(requests),
+        )
+        if lost:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for request in lost:
+                    self._queue_commands(pipe, request)
+                await pipe.execute()
 
     async def _heartbeat(self) -> None:
         while True:

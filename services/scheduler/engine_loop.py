@@ -349,7 +349,10 @@ class EngineLoop:
             logger.error("dropping request entry %s: %s", entry.entry_id, entry.problem)
             self.writes.acked_entry_ids.append(entry.entry_id)
             return
-        if request.request_id in self.inflight:  # delivered twice (resume + claim): keep one
+        known = self.inflight.get(request.request_id)
+        if known is not None:  # delivered twice (resume + claim, re-queued after a Redis loss)
+            if known.entry_id != entry.entry_id:  # a second entry: nobody else will ACK it
+                self.writes.acked_entry_ids.append(entry.entry_id)
             return
         self.inflight[request.request_id] = Inflight(entry.entry_id, request.gateway_id)
         reason = self.recent_aborts.pop(request.request_id, None)

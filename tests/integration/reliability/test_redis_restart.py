@@ -1,11 +1,13 @@
 """Redis restarted (without persistence, so every key is lost) under a serving pipeline: the
 services log the outage, back off and reconnect, none exits or restarts in a loop, a stream
-open across the outage finishes with its exact text, and new requests are served again."""
+open across the outage finishes with its exact text, new requests are served again, and a
+request that was still queued (lost with Redis's data) is queued again by its gateway."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import signal
 
 import httpx
 import pytest
@@ -97,3 +99,42 @@ def test_services_reconnect_after_a_redis_restart(pipeline, own_redis, reference
         assert client.xlen(pipeline.keys.requests) == 0
         groups = client.xinfo_groups(pipeline.keys.requests)
         assert [g["name"] for g in groups] == [b"engines"] and groups[0]["pending"] == 0
+
+
+def test_a_request_still_queued_when_redis_lost_its_data_is_queued_again(
+    pipeline, own_redis, reference_engine
+):
+    prompt = "Once upon a time there"
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    [expected] = [out.text for out in reference_engine.generate([prompt], params)]
+    scheduler = pipeline.engines[0].scheduler
+    offset = len(pipeline.gateways[0].log())
+
+    def queued() -> bool:
+        with pipeline.redis() as client:
+            return client.xlen(pipeline.keys.requests) == 1
+
+    async def scenario() -> StreamResult:
+        async with httpx.AsyncClient(timeout=120) as client:
+            # The scheduler is paused, so the request sits unread in the stream when Redis dies
+            # (briefly: its worker gives up on it after 5 s, which it would survive anyway).
+            scheduler.signal(signal.SIGSTOP)
+            try:
+                task = asyncio.create_task(
+                    stream_completion(client, pipeline.base_url(), {**BODY, "prompt": prompt})
+                )
+                await asyncio.to_thread(wait_for, "request queued", queued, 10)
+                own_redis.process.terminate()  # type: ignore[union-attr]
+                await asyncio.to_thread(own_redis.process.wait, 10)  # type: ignore[union-attr]
+                os.makedirs(own_redis.dir, exist_ok=True)
+                await asyncio.to_thread(own_redis.start)
+            finally:
+                scheduler.signal(signal.SIGCONT)
+            return await asyncio.wait_for(task, 90)
+
+    result = asyncio.run(scenario())
+    assert result.status == 200 and result.error is None, result
+    assert result.done and result.text == expected
+    assert "1 of 1 open request(s) lost, queued again" in pipeline.gateways[0].log()[offset:]
+    with pipeline.redis() as client:
+        assert client.xlen(pipeline.keys.requests) == 0
