@@ -183,3 +183,30 @@ def test_every_service_listens_on_loopback_only_on_its_configured_ports(guarded)
             seen_ports[kind] |= {port for _, port in sockets}
     assert seen_ports["scheduler"] == expected_ports["scheduler"]
     assert seen_ports["gateway"] == expected_ports["gateway"]
+
+
+def test_redis_and_zeromq_endpoints_default_to_loopback_and_are_configurable(monkeypatch):
+    from services.gateway.__main__ import parse_args as gateway_args
+    from services.gpu_worker.__main__ import build_parser as worker_parser
+    from services.scheduler.__main__ import build_parser as scheduler_parser
+
+    scheduler = scheduler_parser().parse_args([])
+    worker = worker_parser().parse_args([])
+    gateway = gateway_args([])
+    assert scheduler.host == worker.scheduler_host == gateway.host == "127.0.0.1"
+    assert "127.0.0.1" in scheduler.redis_url and "127.0.0.1" in gateway.redis_url
+
+    monkeypatch.setenv("PAGEDSERVE_REDIS_URL", "redis://10.0.0.5:6380/2")
+    monkeypatch.setenv("PAGEDSERVE_HOST", "10.0.0.7")
+    monkeypatch.setenv("PAGEDSERVE_PLAN_PORT", "7001")
+    monkeypatch.setenv("PAGEDSERVE_RESULT_PORT", "7002")
+    monkeypatch.setenv("PAGEDSERVE_SCHEDULER_HOST", "10.0.0.7")
+    scheduler = scheduler_parser().parse_args([])
+    worker = worker_parser().parse_args([])
+    gateway = gateway_args([])
+    assert scheduler.redis_url == gateway.redis_url == "redis://10.0.0.5:6380/2"
+    assert (scheduler.host, scheduler.plan_port, scheduler.result_port) == ("10.0.0.7", 7001, 7002)
+    assert (worker.scheduler_host, worker.plan_port, worker.result_port) == ("10.0.0.7", 7001, 7002)
+    assert gateway.host == "10.0.0.7"
+    flagged = scheduler_parser().parse_args(["--redis-url", "redis://r:1/0", "--plan-port", "9"])
+    assert (flagged.redis_url, flagged.plan_port) == ("redis://r:1/0", 9)  # a flag wins
