@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test test-unit test-integration test-kernels lint format bench bench-kernels clean
+.PHONY: install serve test test-unit test-integration test-kernels test-reliability lint format bench bench-kernels clean
 
 install: $(STAMP)
 
@@ -35,6 +35,9 @@ test-integration: install
 
 test-kernels: install
 	$(BIN)/python -m pytest tests/kernels $(PYTEST_ARGS)
+
+test-reliability: install
+	$(BIN)/python -m pytest tests/integration/reliability $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .
