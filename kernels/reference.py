@@ -42,10 +42,14 @@ def gather_kv(
     max_len: int,
 ) -> torch.Tensor:  # [B, max_len, Hkv, D]
     """The first `max_len` cached tokens of every sequence, in position order."""
-    num_blocks_needed = (max_len + cache.shape[1] - 1) // cache.shape[1]
-    blocks = cache[block_tables[:, :num_blocks_needed].long()]  # [B, nb, BS, Hkv, D]
-    batch = blocks.shape[0]
-    return blocks.reshape(batch, -1, cache.shape[2], cache.shape[3])[:, :max_len]
+    num_blocks, block_size, num_kv_heads, head_dim = cache.shape
+    num_blocks_needed = (max_len + block_size - 1) // block_size
+    batch = block_tables.shape[0]
+    block_ids = block_tables[:, :num_blocks_needed].reshape(-1).long()
+    # index_select over whole blocks copies contiguous rows: several times faster on CPU
+    # than advanced indexing of the 4-d cache.
+    blocks = cache.reshape(num_blocks, -1).index_select(0, block_ids)  # [B * nb, BS * Hkv * D]
+    return blocks.view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
 
 
 def paged_decode_attention(

@@ -32,6 +32,13 @@ class AttentionMetadata:
     is_decode_only: bool  # every sequence has exactly one new token
     max_seq_len: int
     max_query_len: int
+    # The same facts as Python lists, and the batch split into single-token sequences and
+    # multi-token chunks, computed once per step so that no layer pays for them again.
+    seq_lens_list: list[int]
+    query_start_list: list[int]
+    single_token_seqs: torch.Tensor  # [S1] int64: sequences with one new token
+    single_token_rows: torch.Tensor  # [S1] int64: that token's row in query
+    multi_token_seqs: list[int]  # sequences with several new tokens
 
     @property
     def num_seqs(self) -> int:
@@ -61,6 +68,8 @@ def build_attention_metadata(
     positions = (seq_lens_t - query_lens_t)[seq_index] + offset_in_query
     block_ids = table[seq_index, positions // block_size].long()
     slot_mapping = block_ids * block_size + positions % block_size
+    single = [i for i, n in enumerate(query_lens) if n == 1]
+    starts_list = starts.tolist()
     return AttentionMetadata(
         slot_mapping=slot_mapping.to(device),
         block_tables=table.to(device),
@@ -69,6 +78,13 @@ def build_attention_metadata(
         is_decode_only=all(q == 1 for q in query_lens),
         max_seq_len=max(seq_lens, default=0),
         max_query_len=max(query_lens, default=0),
+        seq_lens_list=list(seq_lens),
+        query_start_list=starts_list,
+        single_token_seqs=torch.tensor(single, dtype=torch.int64, device=device),
+        single_token_rows=torch.tensor([starts_list[i] for i in single], dtype=torch.int64).to(
+            device
+        ),
+        multi_token_seqs=[i for i, n in enumerate(query_lens) if n > 1],
     )
 
 

@@ -64,20 +64,34 @@ def test_decode_batch_matches_reference(dtype, seq_lens):
     torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
 
 
-def test_mixed_batch_uses_prefill_and_matches_reference():
-    seq_lens, query_lens = [9, 4, 20], [3, 4, 1]
-    k_cache, v_cache = random_caches(torch.float32)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("seq_lens", "query_lens"),
+    [
+        ([9, 4, 20], [3, 4, 1]),
+        # a fresh prompt, a chunk over a cached prefix, a one-token prompt and a long-tailed
+        # set of decodes (which take the length-grouped path)
+        ([12, 30, 1, 2, 3, 5, 40, 70, 6, 9, 11, 100], [12, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+    ],
+    ids=["small", "long-tailed"],
+)
+def test_mixed_batch_matches_reference(dtype, seq_lens, query_lens):
+    k_cache, v_cache = random_caches(dtype)
     tables = random_tables(seq_lens)
     meta = build_attention_metadata(seq_lens, query_lens, tables, BLOCK_SIZE, torch.device("cpu"))
+    assert meta.multi_token_seqs == [i for i, n in enumerate(query_lens) if n > 1]
     gen = torch.Generator().manual_seed(3)
-    q, k, v = (torch.randn((8, h, D), generator=gen) for h in (HQ, HKV, HKV))
+    num_tokens = sum(query_lens)
+    q, k, v = (torch.randn((num_tokens, h, D), generator=gen).to(dtype) for h in (HQ, HKV, HKV))
     ref_k, ref_v = k_cache.clone(), v_cache.clone()
     write_kv_cache(k, v, ref_k, ref_v, meta.slot_mapping)
     expected = paged_prefill_attention(
         q, ref_k, ref_v, meta.block_tables, meta.query_start_loc, meta.seq_lens, 0.25
     )
     out = TorchAttentionBackend(HQ, HKV, D, 0.25).forward(q, k, v, k_cache, v_cache, meta)
-    torch.testing.assert_close(out, expected)
+    assert torch.equal(k_cache, ref_k) and torch.equal(v_cache, ref_v)
+    tol = TOLERANCE[dtype]
+    torch.testing.assert_close(out.float(), expected.float(), atol=tol, rtol=tol)
 
 
 def test_write_skips_negative_slots():
