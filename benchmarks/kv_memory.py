@@ -31,6 +31,7 @@ class KVSnapshot:
     num_allocated_blocks: int  # blocks held by the running requests
     num_real_tokens: int  # tokens whose KV is stored (computed) in those blocks
     num_reserved_slots: int  # sum of prompt + max_tokens over the running requests
+    token_counts: tuple[int, ...] = ()  # real tokens per running request
 
 
 @dataclass
@@ -57,6 +58,7 @@ def snapshot(engine: Any, step: int) -> KVSnapshot:
         num_allocated_blocks=sum(len(scheduler.kv.get_block_ids(r.request_id)) for r in running),
         num_real_tokens=sum(r.num_computed_tokens for r in running),
         num_reserved_slots=sum(r.num_prompt_tokens + r.sampling.max_tokens for r in running),
+        token_counts=tuple(r.num_computed_tokens for r in running),
     )
 
 
@@ -118,6 +120,12 @@ def kv_report(
         "total_slots": total_slots,
         "max_model_len": max_model_len,
     }
+    if peak.token_counts:  # what other page sizes would have allocated for the same tokens
+        report["paged_real_token_fraction_by_block_size"] = {
+            str(size): peak.num_real_tokens / sum(-(-n // size) * size for n in peak.token_counts)
+            for size in (1, 8, 16, 32)
+            if peak.num_real_tokens
+        }
     for name, slots in schemes.items():
         per_request = slots / peak.num_running
         report[name] = {
@@ -141,6 +149,10 @@ def format_report(report: dict[str, Any]) -> str:
             f"  {name:22s} {100 * s['real_token_fraction']:5.1f}% of slots hold real tokens, "
             f"{s['slots_per_request']:7.1f} slots/request, fits {s['requests_that_fit']} requests"
         )
+    by_size = report.get("paged_real_token_fraction_by_block_size", {})
+    if by_size:
+        sizes = ", ".join(f"{size}: {100 * f:.1f}%" for size, f in by_size.items())
+        lines.append(f"  paged with other block sizes (same tokens): {sizes}")
     return "\n".join(lines)
 
 

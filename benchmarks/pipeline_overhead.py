@@ -111,6 +111,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--num-prompts", type=int, default=64)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--output-len", type=int, default=64)
+    p.add_argument("--prompt-len-sigma", type=float, default=0.6)
+    p.add_argument("--output-len-sigma", type=float, default=0.6)
     p.add_argument("--prompt-len-max", type=int, default=1024)
     p.add_argument("--output-len-max", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=256)
@@ -124,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     requests = synthetic_workload(
         tokenizer,
         args.num_prompts,
-        LengthDistribution(args.prompt_len, 0.6, 4, args.prompt_len_max),
-        LengthDistribution(args.output_len, 0.6, 2, args.output_len_max),
+        LengthDistribution(args.prompt_len, args.prompt_len_sigma, 8, args.prompt_len_max),
+        LengthDistribution(args.output_len, args.output_len_sigma, 4, args.output_len_max),
         args.seed,
     )
     inproc = in_process(str(model_dir), requests, args.max_num_seqs, args.dtype, args.threads)

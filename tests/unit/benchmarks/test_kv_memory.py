@@ -67,3 +67,16 @@ def test_engine_run_traces_real_tokens(tiny_llama_dir: Path) -> None:
     assert (
         report["paged"]["real_token_fraction"] > report["reserve_max_tokens"]["real_token_fraction"]
     )
+
+
+def test_other_block_sizes_from_the_peak_token_counts() -> None:
+    # 50, 60 and 40 tokens: 4 + 4 + 3 blocks of 16 (176 slots), 7 + 8 + 5 blocks of 8 (160).
+    peak = KVSnapshot(step=1, num_running=3, num_allocated_blocks=11, num_real_tokens=150,
+                      num_reserved_slots=300, token_counts=(50, 60, 40))  # fmt: skip
+    report = kv_report([peak], block_size=16, num_total_blocks=100, max_model_len=400)
+    by_size = report["paged_real_token_fraction_by_block_size"]
+    assert by_size["1"] == pytest.approx(1.0)
+    assert by_size["8"] == pytest.approx(150 / 160)
+    assert by_size["16"] == pytest.approx(150 / 176)
+    assert by_size["16"] == pytest.approx(report["paged"]["real_token_fraction"])
+    assert by_size["32"] == pytest.approx(150 / 192)
