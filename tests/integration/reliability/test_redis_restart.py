@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 
 import httpx
 import pytest
@@ -20,6 +19,7 @@ from tests.integration.reliability.cluster import (
     add_engine,
     add_gateway,
     health,
+    start_scheduler,
     stream_completion,
     wait_for,
 )
@@ -107,7 +107,7 @@ def test_a_request_still_queued_when_redis_lost_its_data_is_queued_again(
     prompt = "Once upon a time there"
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     [expected] = [out.text for out in reference_engine.generate([prompt], params)]
-    scheduler = pipeline.engines[0].scheduler
+    engine = pipeline.engines[0]
     offset = len(pipeline.gateways[0].log())
 
     def queued() -> bool:
@@ -116,20 +116,19 @@ def test_a_request_still_queued_when_redis_lost_its_data_is_queued_again(
 
     async def scenario() -> StreamResult:
         async with httpx.AsyncClient(timeout=120) as client:
-            # The scheduler is paused, so the request sits unread in the stream when Redis dies
-            # (briefly: its worker gives up on it after 5 s, which it would survive anyway).
-            scheduler.signal(signal.SIGSTOP)
-            try:
-                task = asyncio.create_task(
-                    stream_completion(client, pipeline.base_url(), {**BODY, "prompt": prompt})
-                )
-                await asyncio.to_thread(wait_for, "request queued", queued, 10)
-                own_redis.process.terminate()  # type: ignore[union-attr]
-                await asyncio.to_thread(own_redis.process.wait, 10)  # type: ignore[union-attr]
-                os.makedirs(own_redis.dir, exist_ok=True)
-                await asyncio.to_thread(own_redis.start)
-            finally:
-                scheduler.signal(signal.SIGCONT)
+            # The scheduler is stopped (its worker waits), so the request sits unread in the
+            # stream when Redis dies; then it starts again under the same engine id. (Pausing
+            # it with SIGSTOP would not do: Redis still hands entries to a blocked XREADGROUP.)
+            assert await asyncio.to_thread(engine.scheduler.stop) == 0
+            task = asyncio.create_task(
+                stream_completion(client, pipeline.base_url(), {**BODY, "prompt": prompt})
+            )
+            await asyncio.to_thread(wait_for, "request queued", queued, 10)
+            own_redis.process.terminate()  # type: ignore[union-attr]
+            await asyncio.to_thread(own_redis.process.wait, 10)  # type: ignore[union-attr]
+            os.makedirs(own_redis.dir, exist_ok=True)
+            await asyncio.to_thread(own_redis.start)
+            engine.scheduler = start_scheduler(pipeline, engine)
             return await asyncio.wait_for(task, 90)
 
     result = asyncio.run(scenario())
