@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,41 @@ def generate_batch(model: Any, pad_id: int, batch: Sequence[BenchRequest]) -> in
     return int(out.shape[1] - max_prompt)
 
 
-def run_static_batches(
+@dataclass
+class StaticRun:
+    """Raw timings of requests run in static batches (all arriving at time 0)."""
+
+    batch_size: int
+    requests: list[BenchRequest]
+    duration_s: float
+    e2e_s: list[float]  # per request: when its batch finished
+    num_generated: int  # tokens generated, padding rows' extra tokens included
+
+    def then(self, later: StaticRun) -> StaticRun:
+        """This run followed by `later` (same batch size), as one run."""
+        shifted = [self.duration_s + t for t in later.e2e_s]
+        return StaticRun(self.batch_size, self.requests + later.requests,
+                         self.duration_s + later.duration_s, self.e2e_s + shifted,
+                         self.num_generated + later.num_generated)  # fmt: skip
+
+    def summary(self) -> dict[str, Any]:
+        num_useful = sum(r.output_len for r in self.requests)
+        return {
+            "batch_size": self.batch_size,
+            "num_requests": len(self.requests),
+            "duration_s": self.duration_s,
+            "total_output_tokens": num_useful,
+            "num_generated_tokens": self.num_generated,  # useful + padding waste
+            "request_throughput": len(self.requests) / self.duration_s,
+            "output_throughput": num_useful / self.duration_s,
+            "e2e_ms": distribution(self.e2e_s),
+        }
+
+
+def static_batches(
     model: Any, pad_id: int, requests: Sequence[BenchRequest], batch_size: int
-) -> dict[str, Any]:
-    """The workload in static batches of `batch_size`; every request arrives at time 0."""
+) -> StaticRun:
+    """The requests in static batches of `batch_size`, in order."""
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     start = time.perf_counter()
@@ -80,18 +112,14 @@ def run_static_batches(
         batch = requests[first : first + batch_size]
         num_generated += generate_batch(model, pad_id, batch) * len(batch)
         e2e.extend([time.perf_counter() - start] * len(batch))
-    duration = time.perf_counter() - start
-    num_useful = sum(r.output_len for r in requests)
-    return {
-        "batch_size": batch_size,
-        "num_requests": len(requests),
-        "duration_s": duration,
-        "total_output_tokens": num_useful,
-        "num_generated_tokens": num_generated,  # useful + padding waste
-        "request_throughput": len(requests) / duration,
-        "output_throughput": num_useful / duration,
-        "e2e_ms": distribution(e2e),
-    }
+    return StaticRun(batch_size, list(requests), time.perf_counter() - start, e2e, num_generated)
+
+
+def run_static_batches(
+    model: Any, pad_id: int, requests: Sequence[BenchRequest], batch_size: int
+) -> dict[str, Any]:
+    """The workload in static batches of `batch_size`; every request arrives at time 0."""
+    return static_batches(model, pad_id, requests, batch_size).summary()
 
 
 def run_hf_baseline(
@@ -103,29 +131,33 @@ def run_hf_baseline(
     threads: int | None = None,
 ) -> dict[str, Any]:
     """Probe each batch size on the first `num_probe_requests` requests (default: the largest
-    batch size), then run the whole workload with the fastest."""
+    batch size), then run the whole workload with the fastest. When the best probe's batches
+    are exactly the workload's first batches, they are kept and only the rest is run."""
     if not batch_sizes:
         raise ValueError("batch_sizes must not be empty")
     model, tokenizer = load_hf_model(model_dir, dtype, threads)
     pad_id = _pad_id(model, tokenizer)
     generate_batch(model, pad_id, [BenchRequest("", requests[0].prompt_token_ids[:4], 2)])  # warm
     probe = list(requests[: num_probe_requests or max(batch_sizes)])
-    probes = [run_static_batches(model, pad_id, probe, b) for b in batch_sizes]
+    probes = [static_batches(model, pad_id, probe, b) for b in batch_sizes]
     for p in probes:
-        print(f"HF probe batch_size={p['batch_size']}: {p['output_throughput']:.1f} out tok/s")
-    best = max(probes, key=lambda p: p["output_throughput"])
-    if len(probe) == len(requests):  # the probes already ran the whole workload
-        full = best
+        print(f"HF probe batch_size={p.batch_size}: {p.summary()['output_throughput']:.1f} "
+              "out tok/s", flush=True)  # fmt: skip
+    best = max(probes, key=lambda p: p.summary()["output_throughput"])
+    rest = list(requests[len(probe) :])
+    if len(probe) % best.batch_size == 0:
+        full = best.then(static_batches(model, pad_id, rest, best.batch_size)) if rest else best
     else:
-        full = run_static_batches(model, pad_id, list(requests), best["batch_size"])
+        full = static_batches(model, pad_id, requests, best.batch_size)
+    summary = full.summary()
     print(
-        f"HF generate batch_size={full['batch_size']}: {full['output_throughput']:.1f} out tok/s "
-        f"over {full['num_requests']} requests in {full['duration_s']:.1f}s",
+        f"HF generate batch_size={full.batch_size}: {summary['output_throughput']:.1f} out tok/s "
+        f"over {summary['num_requests']} requests in {summary['duration_s']:.1f}s",
         flush=True,
     )
     return {
         "dtype": str(dtype).removeprefix("torch."),
         "num_threads": torch.get_num_threads(),
-        "probes": probes,
-        **full,
+        "probes": [p.summary() for p in probes],
+        **summary,
     }

@@ -29,3 +29,12 @@ def test_baseline_picks_the_fastest_probe(tiny_llama_dir: Path) -> None:
     best = max(result["probes"], key=lambda p: p["output_throughput"])
     assert result["batch_size"] == best["batch_size"]
     assert result["num_requests"] == 3 and result["dtype"] == "float32"
+
+
+def test_probe_batches_are_reused_for_the_rest(tiny_llama_dir: Path) -> None:
+    requests = REQUESTS * 2  # 6 requests; probing the first 3 with batch size 3
+    result = run_hf_baseline(tiny_llama_dir, requests, torch.float32, batch_sizes=(3,))
+    assert result["num_requests"] == 6 and result["batch_size"] == 3
+    assert result["total_output_tokens"] == 2 * (3 + 6 + 2)
+    assert result["num_generated_tokens"] == 2 * 3 * 6  # two batches of 3 rows x 6 tokens
+    assert result["duration_s"] > result["probes"][0]["duration_s"]
