@@ -14,7 +14,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -127,3 +127,13 @@ def gateway_process(
     args = ["--model", model_dir, "--redis-url", redis_url, "--namespace", namespace,
             "--port", port, "--gateway-id", name, *extra]  # fmt: skip
     return ServiceProcess(name, "services.gateway", args)
+
+
+def wait_for(what: str, condition: Callable[[], bool], timeout_s: float) -> float:
+    """Poll until `condition()`; returns the seconds it took, fails past `timeout_s`."""
+    start = time.monotonic()
+    while not condition():
+        if time.monotonic() - start > timeout_s:
+            raise AssertionError(f"{what}: not within {timeout_s}s")
+        time.sleep(0.1)
+    return time.monotonic() - start

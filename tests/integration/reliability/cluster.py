@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -76,16 +75,6 @@ def add_gateway(pipeline: Pipeline, name: str, *extra: str) -> ServiceProcess:
     pipeline.gateway_ports.append(port)
     pipeline.gateways.append(gateway)
     return gateway
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout_s: float) -> float:
-    """Poll until `condition()`; returns the seconds it took, fails past `timeout_s`."""
-    start = time.monotonic()
-    while not condition():
-        if time.monotonic() - start > timeout_s:
-            raise AssertionError(f"{what}: not within {timeout_s}s")
-        time.sleep(0.1)
-    return time.monotonic() - start
 
 
 def health(pipeline: Pipeline, gateway: int = 0) -> int:

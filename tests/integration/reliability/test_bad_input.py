@@ -14,7 +14,8 @@ from hypothesis import HealthCheck, settings
 
 from services.gateway.openapi_document import openapi_document
 from tests.integration.pipeline.conftest import wait_until_serving
-from tests.integration.reliability.cluster import add_engine, add_gateway, wait_for
+from tests.integration.processes import wait_for
+from tests.integration.reliability.cluster import add_engine, add_gateway
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

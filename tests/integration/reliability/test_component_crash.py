@@ -23,6 +23,7 @@ import pytest
 from shared.protocol import SamplingParams
 from shared.status import GATEWAY_HEARTBEAT_TTL_S
 from tests.integration.pipeline.conftest import wait_until_serving
+from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (
     PROMPTS,
     StreamResult,
@@ -31,7 +32,6 @@ from tests.integration.reliability.cluster import (
     health,
     start_worker,
     stream_completion,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

@@ -20,12 +20,12 @@ import pytest
 
 from shared.protocol import SamplingParams
 from tests.integration.pipeline.conftest import wait_until_serving
+from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (
     StreamResult,
     add_engine,
     add_gateway,
     stream_completion,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

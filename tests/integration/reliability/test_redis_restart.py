@@ -14,6 +14,7 @@ import pytest
 from shared.protocol import SamplingParams
 from tests.integration.conftest import RedisServer
 from tests.integration.pipeline.conftest import new_pipeline, wait_until_serving
+from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (
     StreamResult,
     add_engine,
@@ -21,7 +22,6 @@ from tests.integration.reliability.cluster import (
     health,
     start_scheduler,
     stream_completion,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

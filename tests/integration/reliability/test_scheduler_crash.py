@@ -22,6 +22,7 @@ import pytest
 from shared.protocol import SamplingParams
 from shared.status import ENGINE_STATUS_TTL_S
 from tests.integration.pipeline.conftest import wait_until_serving
+from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (
     PROMPTS,
     StreamResult,
@@ -29,7 +30,6 @@ from tests.integration.reliability.cluster import (
     add_gateway,
     start_scheduler,
     stream_completion,
-    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
