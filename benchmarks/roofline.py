@@ -130,12 +130,15 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(prog="python -m benchmarks.roofline", description=__doc__)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
-    p.add_argument("--batch-sizes", default="16,64,128")
+    p.add_argument("--batch-sizes", default="16,64,128,256")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
+    p.add_argument("--prompt-len", type=int, default=32, help="context before decoding")
+    p.add_argument("--num-decode", type=int, default=16, help="decode steps per level")
     p.add_argument("--out", default="benchmarks/results/roofline.json")
     args = p.parse_args()
     batch_sizes = [int(b) for b in args.batch_sizes.split(",")]
-    report = roofline_report(args.model, args.dtype, batch_sizes, threads=args.threads)
+    report = roofline_report(args.model, args.dtype, batch_sizes, args.prompt_len,
+                             args.num_decode, args.threads)  # fmt: skip
     print(format_roofline(report))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=1) + "\n")
