@@ -306,8 +306,12 @@ class EngineLoop:
             await asyncio.sleep(min(0.1, self._retry_at - time.monotonic()))
             return
         try:
-            self.intake += await self.io.read_new(self._read_budget(), block_ms)
-            self.abort_intake += await self.io.read_aborts()
+            # Await first, then extend: `self.intake += await ...` would hold the list it read
+            # before the await, and the claim task replaces it meanwhile (entries were lost).
+            entries = await self.io.read_new(self._read_budget(), block_ms)
+            self.intake.extend(entries)
+            aborts = await self.io.read_aborts()
+            self.abort_intake.extend(aborts)
             self._backoff_s = 0.0
         except RedisError as exc:
             if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):
@@ -530,7 +534,8 @@ class EngineLoop:
             if self.scheduler is None or self.stopping.is_set():
                 continue
             try:
-                self.intake += await self.io.claim_abandoned(CLAIM_MIN_IDLE_MS)
+                claimed = await self.io.claim_abandoned(CLAIM_MIN_IDLE_MS)
+                self.intake.extend(claimed)
             except RedisError as exc:
                 logger.warning("claiming dead engines' requests failed: %s", exc)
 
