@@ -35,6 +35,7 @@ def plot_throughput(result: dict[str, Any], path: Path) -> Path | None:
     ax.set_xticks(xs, [str(x) for x in xs])
     ax.set_xlabel("max concurrent requests")
     ax.set_ylabel("output tokens / s")
+    ax.set_ylim(bottom=0)
     ax.set_title("Throughput vs concurrency")
     ax.grid(alpha=0.3)
     ax.legend()
