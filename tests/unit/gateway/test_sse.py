@@ -16,3 +16,11 @@ def test_event_framing():
 
 def test_done():
     assert SSE_DONE == b"data: [DONE]\n\n"
+
+
+def test_text_with_unicode_line_breaks_stays_on_one_line():
+    payload = {"choices": [{"text": "a\u2028b\x85c\u2029d\nz é"}]}
+    event = sse_event(payload).decode()
+    lines = event.splitlines()  # how httpx's iter_lines and many SSE clients split
+    assert lines == [lines[0], ""] and lines[0].startswith("data: ")
+    assert json.loads(lines[0].removeprefix("data: ")) == payload
