@@ -8,7 +8,9 @@ It speaks to any OpenAI-compatible server (ours, vLLM, TGI, ...): `/v1/completio
 from __future__ import annotations
 
 import json
+import re
 import time
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,6 +64,22 @@ class EndpointConfig:
         else:
             body["messages"] = [{"role": "user", "content": request.prompt}]
         return body
+
+
+_SSE_LINE_END = re.compile(rb"\r\n|\r|\n")
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
+    """The lines of an SSE stream as the SSE spec splits them: at CR, LF or CRLF only. (httpx's
+    `aiter_lines` splits like `str.splitlines`, also at U+2028, U+0085..., which servers may
+    send raw inside JSON strings, cutting an event in two.)"""
+    pending = b""
+    async for chunk in chunks:
+        *lines, pending = _SSE_LINE_END.split(pending + chunk)
+        for line in lines:
+            yield line.decode("utf-8", errors="replace")
+    if pending:
+        yield pending.decode("utf-8", errors="replace")
 
 
 def parse_sse_line(line: str) -> Any:
@@ -121,7 +139,7 @@ async def send_request(
             if response.status_code != 200:
                 body = (await response.aread()).decode(errors="replace")[:300]
                 raise StreamError(f"HTTP {response.status_code}: {body}")
-            async for line in response.aiter_lines():
+            async for line in sse_lines(response.aiter_bytes()):
                 if apply_event(parse_sse_line(line), record, time.perf_counter()):
                     break
         if record.num_output_tokens == 0:  # a server that sent no usage block

@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from benchmarks.latency_stats import RequestRecord
@@ -10,6 +12,7 @@ from benchmarks.sse_client import (
     apply_event,
     chunk_text,
     parse_sse_line,
+    sse_lines,
 )
 from benchmarks.workload import BenchRequest
 
@@ -80,3 +83,18 @@ def test_request_bodies() -> None:
     assert "ignore_eos" not in chat_body and chat.headers == {}
     with pytest.raises(ValueError, match="endpoint"):
         EndpointConfig("http://h", "m", endpoint="embeddings")
+
+
+def test_sse_lines_split_at_line_ends_only():
+    event = 'data: {"text":"a\u2028b\x85c"}'.encode()
+    chunks = [event[:9], event[9:] + b"\r", b"\ndata: [DONE]\n\n"]
+
+    async def collect() -> list[str]:
+        async def gen():
+            for chunk in chunks:
+                yield chunk
+
+        return [line async for line in sse_lines(gen())]
+
+    lines = asyncio.run(collect())
+    assert [line for line in lines if line] == ['data: {"text":"a\u2028b\x85c"}', "data: [DONE]"]
