@@ -49,3 +49,15 @@ def tile_weighted_values(p, v, UPCAST: tl.constexpr):
     else:
         out = tl.dot(p.to(v.dtype), v)
     return out
+
+
+@triton.jit
+def online_softmax_step(scores, m_i, l_i):
+    """One tile of the streaming (flash) softmax over base-2 scores [ROWS, TILE_N]: the new
+    running max and sum per row, the tile's unnormalised weights, and `alpha`, the factor
+    that rescales what was accumulated before this tile."""
+    m_new = tl.maximum(m_i, tl.max(scores, 1))
+    p = tl.exp2(scores - m_new[:, None])
+    alpha = tl.exp2(m_i - m_new)
+    l_new = l_i * alpha + tl.sum(p, 1)
+    return m_new, l_new, p, alpha

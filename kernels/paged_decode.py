@@ -15,7 +15,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import load_kv_tile, tile_scores, tile_weighted_values
+from kernels.attention_tile import (
+    load_kv_tile,
+    online_softmax_step,
+    tile_scores,
+    tile_weighted_values,
+)
 from kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -116,10 +121,7 @@ def paged_decode_kernel(
         scores = tile_scores(q, k, UPCAST) * scale_log2  # [GROUP_PAD, TILE_N]
         scores = tl.where(valid[None, :], scores, float("-inf"))
         # Every tile holds >= 1 valid position, so m_new is finite and alpha well defined.
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
         v = load_kv_tile(
             v_cache_ptr,
             table_ptr,

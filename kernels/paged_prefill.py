@@ -14,7 +14,12 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import load_kv_tile, tile_scores, tile_weighted_values
+from kernels.attention_tile import (
+    load_kv_tile,
+    online_softmax_step,
+    tile_scores,
+    tile_weighted_values,
+)
 from kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -115,10 +120,7 @@ def paged_prefill_kernel(
         scores = tl.where(causal, scores, float("-inf"))
         # Position 0 is in the first tile and visible to every row, so m_i is finite from
         # then on and a row fully masked in a later tile just adds zeros.
-        m_new = tl.maximum(m_i, tl.max(scores, 1))
-        p = tl.exp2(scores - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
         v = load_kv_tile(
             v_cache_ptr,
             table_ptr,
