@@ -13,6 +13,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
 from services.gpu_worker.attention.base import BaseAttentionBackend
+from services.gpu_worker.layers.cpu_prepack import prepack_linears
 from services.gpu_worker.models import get_model_cls
 from services.gpu_worker.models.llama import LlamaForCausalLM
 
@@ -72,4 +73,5 @@ def load_model(
     missing = sorted(model.expected_weights() - loaded)
     if missing:
         raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
+    prepack_linears(model)  # bf16 on CPU only; a no-op elsewhere
     return model.eval()

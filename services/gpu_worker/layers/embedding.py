@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from services.gpu_worker.layers.cpu_prepack import linear
 from services.gpu_worker.parallel_state import (
     all_reduce,
     gather_last_dim_to_rank0,
@@ -50,8 +51,12 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     """Logits for this rank's vocabulary slice; `forward` gathers them on rank 0 only."""
 
+    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+        super().__init__(vocab_size, hidden_size)
+        self.packed_weight: torch.Tensor | None = None  # see cpu_prepack
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [B, H] -> [B, V] | None
-        logits = F.linear(hidden, self.weight)
+        logits = linear(hidden, self.weight, packed_weight=self.packed_weight)
         full = gather_last_dim_to_rank0(logits)
         if full is None:
             return None

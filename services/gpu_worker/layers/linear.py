@@ -9,9 +9,9 @@ parallel, o_proj and down_proj row parallel: one all-reduce per block half.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
+from services.gpu_worker.layers.cpu_prepack import linear
 from services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
@@ -39,6 +39,7 @@ class ColumnParallelLinear(nn.Module):
         self.output_size_per_rank = divide(output_size, self.tp_size, "output features")
         self.weight = nn.Parameter(torch.empty(self.output_size_per_rank, input_size))
         self.weight.weight_loader = self.weight_loader
+        self.packed_weight: torch.Tensor | None = None  # see cpu_prepack
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.output_size_per_rank))
@@ -51,7 +52,7 @@ class ColumnParallelLinear(nn.Module):
         _copy_checked(param, loaded.narrow(0, self.tp_rank * size, size), "column shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.packed_weight)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -120,6 +121,7 @@ class RowParallelLinear(nn.Module):
         self.input_size_per_rank = divide(input_size, self.tp_size, "input features")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
         self.weight.weight_loader = self.weight_loader
+        self.packed_weight: torch.Tensor | None = None  # see cpu_prepack
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size))
@@ -137,7 +139,7 @@ class RowParallelLinear(nn.Module):
         _copy_checked(param, loaded, "row bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = F.linear(x, self.weight)
+        out = linear(x, self.weight, packed_weight=self.packed_weight)
         out = all_reduce(out)
         if self.bias is not None:
             out = out + self.bias
