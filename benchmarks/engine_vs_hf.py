@@ -75,7 +75,7 @@ def run_engine(
     engine = LLMEngine(
         model_dir,
         SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024, max_model_len=2048),
-        CacheConfig(block_size=16),
+        CacheConfig(),  # the device default block size: what users get
         dtype=dtype,
     )
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up

@@ -74,7 +74,9 @@ class LLMEngine:
             scheduler_config = dataclasses.replace(
                 scheduler_config, max_model_len=self.runner.max_model_len
             )
-        cache_config = dataclasses.replace(cache_config, num_blocks=self.runner.num_blocks)
+        cache_config = dataclasses.replace(
+            cache_config, num_blocks=self.runner.num_blocks, block_size=self.runner.block_size
+        )
         self.scheduler = Scheduler(scheduler_config, cache_config)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()

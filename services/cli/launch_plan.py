@@ -26,7 +26,7 @@ class ServeOptions:
     max_model_len: int | None = None
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
-    block_size: int = 16
+    block_size: int | None = None  # None: the workers' device default (8 CPU, 16 CUDA)
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
@@ -68,6 +68,12 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
+def _block_size_args(options: ServeOptions) -> list[str]:
+    """Only an explicit block size is passed: without one the workers pick their device's
+    default and the scheduler adopts it from their hello."""
+    return [] if options.block_size is None else ["--block-size", str(options.block_size)]
+
+
 def scheduler_spec(options: ServeOptions, redis_url: str, ports: Ports) -> ChildSpec:
     argv = _python(
         "services.scheduler",
@@ -81,8 +87,8 @@ def scheduler_spec(options: ServeOptions, redis_url: str, ports: Ports) -> Child
         "--max-num-seqs", options.max_num_seqs,
         "--max-num-batched-tokens", options.max_num_batched_tokens,
         "--policy", options.scheduling_policy,
-        "--block-size", options.block_size,
     )  # fmt: skip
+    argv += _block_size_args(options)
     if options.max_model_len is not None:
         argv += ["--max-model-len", str(options.max_model_len)]
     if not options.enable_prefix_caching:
@@ -102,12 +108,12 @@ def worker_spec(options: ServeOptions, model_dir: str, ports: Ports, rank: int) 
         "--result-port", ports.result,
         "--master-addr", LOOPBACK,
         "--master-port", ports.master,
-        "--block-size", options.block_size,
         "--gpu-memory-utilization", options.gpu_memory_utilization,
         "--attention-backend", options.attention_backend,
         "--device", options.device,
         "--max-num-batched-tokens", options.max_num_batched_tokens,
     )  # fmt: skip
+    argv += _block_size_args(options)
     if options.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(options.kv_cache_memory)]
     if options.max_model_len is not None:

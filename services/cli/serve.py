@@ -62,7 +62,12 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         default=int(e("max_num_batched_tokens", str(d.max_num_batched_tokens))),
     )
-    add("--block-size", type=int, default=int(e("block_size", str(d.block_size))))
+    add(
+        "--block-size",
+        type=int,
+        default=_opt_int(e("block_size", "")),
+        help="KV tokens per block; default: 8 on CPU, 16 on CUDA",
+    )
     add("--gpu-memory-utilization", type=float, default=float(e("gpu_memory_utilization", "0.9")))
     add(
         "--kv-cache-memory",

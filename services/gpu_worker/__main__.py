@@ -27,7 +27,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--result-port", type=int, default=int(e("result_port", "5556")))
     p.add_argument("--master-addr", default=e("master_addr", "127.0.0.1"))
     p.add_argument("--master-port", type=int, default=int(e("master_port", "29555")))
-    p.add_argument("--block-size", type=int, default=int(e("block_size", "16")))
+    p.add_argument(
+        "--block-size",
+        type=_optional_int,
+        default=e("block_size", ""),
+        help="KV tokens per block; default: 8 on CPU, 16 on CUDA",
+    )
     p.add_argument("--kv-cache-memory", type=_optional_int, default=e("kv_cache_memory", ""))
     p.add_argument("--num-blocks", type=_optional_int, default=e("num_blocks", ""))
     p.add_argument(

@@ -49,7 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--max-waiting", type=int, default=int(e("max_waiting", "4096")))
     p.add_argument("--policy", default=e("policy", "fcfs"), choices=["fcfs", "priority"])
-    p.add_argument("--block-size", type=int, default=int(e("block_size", "16")))
+    p.add_argument(
+        "--block-size",
+        type=_optional_int,
+        default=e("block_size", ""),
+        help="default: what the workers report (their device's default)",
+    )
     p.add_argument("--no-prefix-caching", action="store_true", default=_flag("no_prefix_caching"))
     p.add_argument("--worker-timeout", type=float, default=float(e("worker_timeout", "10")))
     p.add_argument("--drain-timeout", type=float, default=float(e("drain_timeout", "5")))

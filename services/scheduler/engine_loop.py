@@ -177,16 +177,18 @@ class EngineLoop:
                 return False
         if self.scheduler is None:
             num_blocks = self.link.num_blocks
+            block_size = self.link.block_size  # the workers' when the config left it out
             max_model_len = min(self.config.max_model_len or 1 << 62, self.link.max_model_len)
             self.scheduler = Scheduler(
                 replace(self.config.scheduler_config, max_model_len=max_model_len),
-                replace(self.config.cache_config, num_blocks=num_blocks),
+                replace(self.config.cache_config, num_blocks=num_blocks, block_size=block_size),
             )
             self.link.min_num_blocks = num_blocks
             logger.info(
-                "workers ready: %d rank(s), %d KV blocks, max_model_len %d",
+                "workers ready: %d rank(s), %d KV blocks of %d tokens, max_model_len %d",
                 self.config.tensor_parallel_size,
                 num_blocks,
+                block_size,
                 max_model_len,
             )
         return True

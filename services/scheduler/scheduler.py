@@ -44,6 +44,8 @@ class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be set (the workers report it)")
+        if cache_config.block_size is None:
+            raise ValueError("cache_config.block_size must be set (the workers report it)")
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks

@@ -46,12 +46,14 @@ class WorkerLink:
         plan_address: str,
         result_address: str,
         world_size: int,
-        block_size: int,
+        block_size: int | None,
         worker_timeout_s: float = 10.0,
     ) -> None:
         self.plan_address = plan_address
         self.result_address = result_address
         self.world_size = world_size
+        # None until the first accepted hello: then the workers' (device-dependent) default,
+        # which every later hello, in this epoch or any later one, must match
         self.block_size = block_size
         self.worker_timeout_s = worker_timeout_s
         self.epoch = uuid.uuid4().hex[:12]
@@ -214,6 +216,9 @@ class WorkerLink:
         if self.is_ready:
             self._lose(f"worker rank {hello.rank} (pid {hello.pid}) attached again: it lost state")
             return
+        if self.block_size is None:
+            self.block_size = hello.block_size
+            logger.info("block_size %d: adopted from worker rank %d", hello.block_size, hello.rank)
         state.hello = hello
         logger.info(
             "worker rank %d attached (pid %d, %d blocks)", hello.rank, hello.pid, hello.num_blocks
@@ -227,7 +232,7 @@ class WorkerLink:
                 f"it is rank {hello.rank} of {hello.world_size}, this engine has "
                 f"tensor_parallel_size={self.world_size}"
             )
-        if hello.block_size != self.block_size:
+        if self.block_size is not None and hello.block_size != self.block_size:
             return f"block_size {hello.block_size} != the scheduler's {self.block_size}"
         if hello.num_blocks < self.min_num_blocks:
             return (

@@ -28,7 +28,7 @@ from tests.integration.processes import (
     worker_process,
 )
 
-NUM_BLOCKS = 96  # per worker: 96 blocks of 16 tokens
+NUM_BLOCKS = 192  # per worker: 1536 tokens at the CPU default of 8 tokens per block
 
 
 @dataclass

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from tests.integration.conftest import free_port
-from tests.integration.pipeline.conftest import Engine, Pipeline
+from tests.integration.pipeline.conftest import NUM_BLOCKS, Engine, Pipeline
 from tests.integration.pipeline.served_model import MAX_MODEL_LEN
 from tests.integration.processes import (
     ServiceProcess,
@@ -55,7 +55,7 @@ def add_engine(
     pipeline: Pipeline,
     engine_id: str,
     *scheduler_extra: str,
-    num_blocks: int = 96,
+    num_blocks: int = NUM_BLOCKS,
     worker_extra: tuple[str, ...] = (),
 ) -> Engine:
     """One scheduler and one worker on fresh loopback ports."""

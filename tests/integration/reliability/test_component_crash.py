@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from shared.protocol import SamplingParams
-from tests.integration.pipeline.conftest import wait_until_serving
+from tests.integration.pipeline.conftest import NUM_BLOCKS, wait_until_serving
 from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (
     PROMPTS,
@@ -116,7 +116,7 @@ def test_a_killed_worker_that_never_returns_fails_requests_with_a_clear_error(
     wait_for("every block free", lambda: all_blocks_free(pipeline), 10)
 
     # A new worker attaches and service is back, with the undisturbed text.
-    start_worker(pipeline, engine, 96)
+    start_worker(pipeline, engine, NUM_BLOCKS)
     wait_for("/health ok again", lambda: health(pipeline) == 200, 60)
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     [expected] = reference_engine.generate(PROMPTS[:1], params)

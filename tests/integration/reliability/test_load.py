@@ -4,9 +4,9 @@
   a retryable 503/429 when a queue bound is reached (the gateway's `--max-pending-requests`,
   the engine's `--max-waiting`), never a 500, an error mid-stream or a timeout. Afterwards every
   KV block is free and the engine's idle integrity check has run and passed.
-- A burst of long prompts needing far more KV blocks than exist (`--num-blocks 24`): the
-  scheduler preempts and queues, nothing runs out of memory, and every request completes with
-  the text an undisturbed engine gives.
+- A burst of long prompts needing far more KV blocks than exist (`--num-blocks 24
+  --block-size 16`): the scheduler preempts and queues, nothing runs out of memory, and every
+  request completes with the text an undisturbed engine gives.
 """
 
 from __future__ import annotations
@@ -34,8 +34,10 @@ NUM_CONCURRENT = 500
 LOAD_BOUND_S = 240  # every one of the 500 answered within this, on a loaded 2-core machine
 LOAD_MAX_TOKENS = 8
 # 24 x 16 tokens: two of the requests below fit when admitted (9 prompt blocks each) but not
-# once they have grown (13 blocks each), so running sequences must be preempted.
+# once they have grown (13 blocks each), so running sequences must be preempted. The block
+# size is pinned: the device default (8 on CPU) would change that arithmetic.
 PRESSURE_BLOCKS = 24
+PRESSURE_BLOCK_SIZE = 16
 PRESSURE_MAX_TOKENS = 64
 NUM_LONG = 8
 
@@ -109,7 +111,12 @@ def test_500_concurrent_streams_are_all_answered_and_leave_no_block_behind(loade
 @pytest.fixture(scope="module")
 def cramped(pipeline_factory):
     pipeline = pipeline_factory()
-    add_engine(pipeline, "engine-cramped", num_blocks=PRESSURE_BLOCKS)
+    add_engine(
+        pipeline,
+        "engine-cramped",
+        num_blocks=PRESSURE_BLOCKS,
+        worker_extra=("--block-size", str(PRESSURE_BLOCK_SIZE)),  # the scheduler adopts it
+    )
     add_gateway(pipeline, "gw-cramped")
     wait_until_serving(pipeline)
     return pipeline
@@ -151,7 +158,7 @@ def test_long_prompts_beyond_the_kv_cache_are_preempted_and_queued_never_lost(
         assert body["choices"][0]["text"] == text
         assert body["usage"]["completion_tokens"] == PRESSURE_MAX_TOKENS
     num_prompt_tokens = answers[0].json()["usage"]["prompt_tokens"]
-    needed_blocks = NUM_LONG * -(-(num_prompt_tokens + PRESSURE_MAX_TOKENS) // 16)
+    needed_blocks = NUM_LONG * -(-(num_prompt_tokens + PRESSURE_MAX_TOKENS) // PRESSURE_BLOCK_SIZE)
     assert needed_blocks > 3 * PRESSURE_BLOCKS  # far more than exist
     # The engine's status record is rewritten about once a second: give it time to count
     # the preemptions of the last steps.

@@ -17,7 +17,7 @@ PORTS = Ports(redis=7001, plan=7002, result=7003, master=7004)
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
-    for name in ("PORT", "REDIS_URL", "MODEL", "API_KEY", "TENSOR_PARALLEL_SIZE"):
+    for name in ("PORT", "REDIS_URL", "MODEL", "API_KEY", "TENSOR_PARALLEL_SIZE", "BLOCK_SIZE"):
         monkeypatch.delenv(f"PAGEDSERVE_{name}", raising=False)
 
 
@@ -36,8 +36,10 @@ def test_no_arguments_serves_the_default_model_on_8000_with_a_private_redis() ->
 def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://10.0.0.5:6379/2")
     monkeypatch.setenv("PAGEDSERVE_PORT", "9100")
+    monkeypatch.setenv("PAGEDSERVE_BLOCK_SIZE", "32")
     options = parse()
     assert options.redis_url == "redis://10.0.0.5:6379/2" and options.port == 9100
+    assert options.block_size == 32
     assert parse("--port", "9200").port == 9200  # the flag wins
 
 
@@ -101,6 +103,25 @@ def test_plan_one_worker_per_rank_sharing_the_scheduler_ports() -> None:
         assert (worker.rank, worker.tensor_parallel_size) == (rank, 2)
         assert (worker.plan_port, worker.result_port, worker.master_port) == (7002, 7003, 7004)
         assert worker.model == "/models/m" and worker.max_model_len == 512
+
+
+def test_without_a_block_size_the_workers_pick_it_and_the_scheduler_adopts_it() -> None:
+    plan = plan_launch(parse(), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    for spec in plan.engine:
+        assert "--block-size" not in spec.argv
+    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    worker = parse_service_args("services.gpu_worker", plan.engine[1].argv[3:], {})
+    assert scheduler.block_size is None and worker.block_size is None
+
+
+def test_an_explicit_block_size_reaches_the_scheduler_and_every_worker() -> None:
+    options = parse("--tensor-parallel-size", "2", "--block-size", "32")
+    plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    workers = [
+        parse_service_args("services.gpu_worker", spec.argv[3:], {}) for spec in plan.engine[1:]
+    ]
+    assert [c.block_size for c in (scheduler, *workers)] == [32, 32, 32]
 
 
 def test_plan_gateway_replicas_on_consecutive_ports_with_their_own_ids() -> None:

@@ -150,6 +150,18 @@ def test_kv_cache_size_follows_the_memory_budget(tiny_llama_dir):
         ModelRunner(tiny_llama_dir, CacheConfig(kv_cache_memory=100), dtype="float32")
 
 
+def test_without_a_block_size_the_runner_takes_its_device_default(tiny_llama_dir):
+    runner = ModelRunner(
+        tiny_llama_dir,
+        CacheConfig(num_blocks=4),
+        dtype="float32",
+        device="cpu",
+        show_progress=False,
+    )
+    assert runner.block_size == 8
+    assert runner.kv_caches[0][0].shape == (4, 8, 2, 16)
+
+
 def test_dtype_names():
     cpu = torch.device("cpu")
     assert resolve_dtype("float32", cpu) is torch.float32

@@ -37,7 +37,7 @@ def make_loop() -> EngineLoop:
             plan_address="tcp://127.0.0.1:1",
             result_address="tcp://127.0.0.1:2",
             scheduler_config=SchedulerConfig(),
-            cache_config=CacheConfig(num_blocks=8),
+            cache_config=CacheConfig(block_size=16, num_blocks=8),
         )
     )
     loop.scheduler = Scheduler(loop.config.scheduler_config, loop.config.cache_config)

@@ -360,6 +360,11 @@ def test_num_blocks_must_be_known() -> None:
         Scheduler(SchedulerConfig(), CacheConfig())
 
 
+def test_block_size_must_be_known() -> None:
+    with pytest.raises(ValueError, match="block_size must be set"):
+        Scheduler(SchedulerConfig(), CacheConfig(num_blocks=8))
+
+
 def test_stats_and_timeline() -> None:
     s = make_scheduler(num_blocks=8)
     w = worker_for(s)

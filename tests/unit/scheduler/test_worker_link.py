@@ -1,11 +1,14 @@
 """The scheduler's worker link over real loopback sockets, with the test playing two worker
-ranks: readiness, refusals, results (stale ones dropped), and losing a rank."""
+ranks: readiness, refusals, adopting the workers' block size, results (stale ones dropped),
+and losing a rank."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
+import pytest
 import zmq
 
 from services.scheduler.worker_link import WorkerLink
@@ -52,8 +55,15 @@ class FakeRank:
         self.pusher.close()
 
 
-async def with_link(scenario, worker_timeout_s: float = 10.0) -> None:
-    link = WorkerLink(ANY_PORT, ANY_PORT, world_size=2, block_size=16,
+async def until(condition, timeout_s: float = 2.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def with_link(scenario, worker_timeout_s: float = 10.0, block_size: int | None = 16) -> None:
+    link = WorkerLink(ANY_PORT, ANY_PORT, world_size=2, block_size=block_size,
                       worker_timeout_s=worker_timeout_s)  # fmt: skip
     link.start()
     context = zmq.Context()
@@ -80,6 +90,35 @@ def test_ready_once_every_rank_said_hello_with_the_smallest_cache():
         assert link.num_blocks == 40 and link.max_model_len == 512
 
     asyncio.run(with_link(scenario))
+
+
+def test_without_a_block_size_the_first_hello_sets_it_for_good(
+    caplog: pytest.LogCaptureFixture,
+):
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        assert link.block_size is None
+        ranks[1].pusher.send(hello(1, block_size=8))
+        await until(lambda: link.block_size is not None)
+        assert link.block_size == 8
+        ranks[0].pusher.send(hello(0, block_size=16))  # refused: not the adopted size
+        assert not await link.wait_ready(0.3)
+        ranks[0].pusher.send(hello(0, block_size=8))
+        assert await link.wait_ready(2.0)
+        link.new_epoch()  # as after a lost worker: the adopted size still holds
+        ranks[0].pusher.send(hello(0, block_size=16))  # a restarted rank with another size
+        ranks[1].pusher.send(hello(1, block_size=8))
+        await until(lambda: len(link.hellos) == 1)
+        assert not await link.wait_ready(0.3)
+        assert [h.rank for h in link.hellos] == [1] and link.block_size == 8
+
+    with caplog.at_level(logging.ERROR, logger="services.scheduler.worker_link"):
+        asyncio.run(with_link(scenario, block_size=None))
+    refusals = [
+        r.getMessage() for r in caplog.records if "refusing worker rank 0" in r.getMessage()
+    ]
+    assert len(refusals) == 2
+    assert all("block_size 16 != the scheduler's 8" in message for message in refusals)
 
 
 def test_results_are_matched_to_their_step_and_stale_ones_dropped():
