@@ -7,6 +7,12 @@ the pipeline: tokenization and SSE in the gateway, Redis streams both ways, msgp
 results over ZeroMQ, and the three processes sharing the machine's cores. The in-process run
 also records the KV trace for the KV memory report.
 
+The engine runs the workload twice, before and after the pipeline, and the spread of the two
+is the machine's noise over the comparison. Every measured run starts with no workload prompt
+in the prefix cache: the engine's cache is reset before each of its runs (else the second one
+would skip every prefill), and the warm-ups (`NUM_WARMUP` requests, in-process and through the
+pipeline) use fresh words of their own. Each run records its prefix-cache hit tokens.
+
     python -m benchmarks.pipeline_overhead --num-prompts 64 --out benchmarks/results/pipeline
 """
 
@@ -22,7 +28,7 @@ from typing import Any
 
 from benchmarks.kv_memory import build_engine, format_report, kv_report, run_engine
 from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
-from benchmarks.serve import LoadConfig, run_load
+from benchmarks.serve import LoadConfig, run_load, warmup_requests
 from benchmarks.sse_client import EndpointConfig
 from benchmarks.status_sampler import StatusSampler
 from benchmarks.workload import BenchRequest, LengthDistribution, synthetic_workload
@@ -33,6 +39,9 @@ NUM_WARMUP = 4
 
 
 def in_process_run(engine: Any, requests: list[BenchRequest]) -> dict[str, Any]:
+    """One measured run of the workload on a prefix cache reset first, as a fresh server's."""
+    engine.reset_prefix_cache()
+    hits_before = engine.scheduler.stats().prefix_cache_hits
     run = run_engine(engine, requests)
     scheduler = engine.scheduler
     report = kv_report(run.trace, scheduler.block_size, scheduler.num_blocks,
@@ -45,6 +54,7 @@ def in_process_run(engine: Any, requests: list[BenchRequest]) -> dict[str, Any]:
         "output_throughput": run.num_output_tokens / run.duration_s,
         "step_ms": 1000 * run.duration_s / run.num_steps,
         "max_batch_size": max(run.batch_sizes),
+        "prefix_cache_hit_tokens": scheduler.stats().prefix_cache_hits - hits_before,
         "kv_memory": report,
     }
 
@@ -61,41 +71,52 @@ def mean_of_runs(first: dict[str, Any], second: dict[str, Any]) -> dict[str, Any
         "output_throughput": first["num_output_tokens"] / duration,
         "step_ms": 1000 * duration / num_steps,
         "runs_output_throughput": [first["output_throughput"], second["output_throughput"]],
+        # Over both runs. Random-word prompts share no prefix: hits come only from a preempted
+        # request finding its own blocks again, or from a cache the reset missed.
+        "prefix_cache_hit_tokens": first["prefix_cache_hit_tokens"]
+        + second["prefix_cache_hit_tokens"],
         "noise": abs(first["duration_s"] - second["duration_s"]) / duration,
     }
 
 
-def _engine_steps(redis_url: str, namespace: str) -> int:
+def _engine_totals(redis_url: str, namespace: str) -> tuple[int, int]:
+    """Engine steps and prefix-cache hit tokens so far, over every engine's status."""
     import redis
 
     client = redis.Redis.from_url(redis_url)
     try:
         keys = RedisKeys(namespace)
-        total = 0
+        num_steps = num_hits = 0
         for engine_id in client.smembers(keys.engines):
             fields = client.hgetall(keys.engine(engine_id.decode()))
             if fields:
-                total += from_fields(EngineStatus, fields).num_steps
-        return total
+                status = from_fields(EngineStatus, fields)
+                num_steps += status.num_steps
+                num_hits += status.prefix_cache_hits
+        return num_steps, num_hits
     finally:
         client.close()
 
 
 def through_pipeline(
-    config: PipelineConfig, requests: list[BenchRequest], model_name: str
+    config: PipelineConfig,
+    requests: list[BenchRequest],
+    warmup: list[BenchRequest],
+    model_name: str,
 ) -> dict[str, Any]:
     log_path = Path(tempfile.gettempdir()) / "pagedserve-bench-pipeline.log"
     with log_path.open("w") as log, LocalPipeline(config, log=log) as p:
         endpoint = EndpointConfig(p.base_url, model_name)
-        asyncio.run(run_load(endpoint, requests[:NUM_WARMUP], LoadConfig()))
+        asyncio.run(run_load(endpoint, warmup, LoadConfig()))
         time.sleep(1.5)  # the scheduler writes its status every second
-        steps_before = _engine_steps(p.redis_url, p.namespace)
+        steps_before, hits_before = _engine_totals(p.redis_url, p.namespace)
         sampler = StatusSampler(p.redis_url, p.namespace)
         summary = asyncio.run(run_load(endpoint, requests, LoadConfig(), sampler))
         time.sleep(1.5)
-        num_steps = _engine_steps(p.redis_url, p.namespace) - steps_before
-    summary["num_steps"] = num_steps
+        steps_after, hits_after = _engine_totals(p.redis_url, p.namespace)
+    summary["num_steps"] = num_steps = steps_after - steps_before
     summary["step_ms"] = 1000 * summary["duration_s"] / max(num_steps, 1)
+    summary["prefix_cache_hit_tokens"] = hits_after - hits_before
     return summary
 
 
@@ -138,22 +159,27 @@ def main(argv: list[str] | None = None) -> None:
         LengthDistribution(args.output_len, args.output_len_sigma, 4, args.output_len_max),
         args.seed,
     )
+    # Shaped like the first requests, with words of their own: no measured prompt is cached.
+    warmup = warmup_requests(requests, tokenizer, NUM_WARMUP, args.seed + 1)
     engine = build_engine(str(model_dir), args.max_num_seqs, 2048, args.dtype, args.threads)
-    run_engine(engine, requests[:NUM_WARMUP], trace=False)
+    run_engine(engine, warmup, trace=False)
     before = in_process_run(engine, requests)
     print(f"in-process: {before['output_throughput']:.1f} out tok/s, "
-          f"{before['num_steps']} steps, {before['step_ms']:.1f} ms/step")  # fmt: skip
+          f"{before['num_steps']} steps, {before['step_ms']:.1f} ms/step, "
+          f"{before['prefix_cache_hit_tokens']} prefix-cache hit tokens")  # fmt: skip
     print(format_report(before["kv_memory"]))
     config = PipelineConfig(
         model_dir, args.dtype, args.max_num_seqs, worker_threads=args.worker_threads
     )
-    pipe = through_pipeline(config, requests, str(model_dir))
+    pipe = through_pipeline(config, requests, warmup, str(model_dir))
     after = in_process_run(engine, requests)
     inproc = mean_of_runs(before, after)
-    print(f"in-process again: {after['output_throughput']:.1f} out tok/s "
+    print(f"in-process again: {after['output_throughput']:.1f} out tok/s, "
+          f"{after['prefix_cache_hit_tokens']} prefix-cache hit tokens "
           f"(spread between the two: {100 * inproc['noise']:.1f}%)")  # fmt: skip
     print(f"pipeline:   {pipe['output_throughput']:.1f} out tok/s, "
           f"{pipe['num_steps']} steps, {pipe['step_ms']:.1f} ms/step, "
+          f"{pipe['prefix_cache_hit_tokens']} prefix-cache hit tokens, "
           f"{pipe['num_failed']} failed")  # fmt: skip
     result = {
         "threads": args.threads,

@@ -5,6 +5,14 @@ as a Poisson process at `--request-rate` (inf: all at once) or with at most
 `--max-concurrency` in flight, or once per level of `--concurrency-sweep`. Reports throughput
 and TTFT / TPOT / ITL / E2E distributions, writes JSON and PNG plots, and can run the
 Hugging Face `generate` baseline on the same workload in the same run (`--hf-baseline`).
+
+Fair to the prefix cache: every level after the first sends the same requests with fresh
+random words (same prompt and output lengths, so the same model work), since the server would
+otherwise find every prompt of the earlier levels in its prefix cache and skip their prefills,
+which the HF baseline (run on the first level's requests) computes. A JSONL workload's content
+cannot be regenerated: its later levels repeat the prompts and say so (`fresh_prompts: false`
+in the run's JSON). Before the first level, `--num-warmups` requests of fresh words (not
+measured) take the server's cold start.
 """
 
 from __future__ import annotations
@@ -22,7 +30,12 @@ import httpx
 from benchmarks.latency_stats import RequestRecord, summarize
 from benchmarks.sse_client import EndpointConfig, send_request
 from benchmarks.status_sampler import StatusSampler
-from benchmarks.workload import BenchRequest, poisson_arrival_times
+from benchmarks.workload import BenchRequest, poisson_arrival_times, with_fresh_words
+
+REPEATED_PROMPTS_NOTE = (
+    "same prompts as an earlier level (a JSONL workload cannot be regenerated): they may hit "
+    "the server's prefix cache"
+)
 
 
 @dataclass(frozen=True)
@@ -118,16 +131,71 @@ async def wait_until_ready(endpoint: EndpointConfig, timeout_s: float = 120.0) -
     raise TimeoutError(f"{root} was not ready within {timeout_s}s ({last})")
 
 
-def run_levels(
-    endpoint: EndpointConfig,
+@dataclass(frozen=True)
+class Level:
+    """One load level and the requests it sends. `fresh_prompts`: no earlier level or warm-up
+    of this bench sent these prompts, so they can hit no prefix it left in the server's cache."""
+
+    load: LoadConfig
+    requests: list[BenchRequest]
+    fresh_prompts: bool
+
+
+def plan_levels(
     requests: list[BenchRequest],
+    tokenizer: Any,
     loads: list[LoadConfig],
-    sampler: StatusSampler | None = None,
+    seed: int,
+    synthetic: bool,
+) -> list[Level]:
+    """Level 0 sends `requests`; level i > 0 sends them with fresh words (seed `seed + i`) when
+    the workload is synthetic, else the same prompts again."""
+    levels = []
+    for i, load in enumerate(loads):
+        if i == 0:
+            levels.append(Level(load, requests, fresh_prompts=True))
+        elif synthetic:
+            levels.append(Level(load, with_fresh_words(requests, tokenizer, seed + i), True))
+        else:
+            levels.append(Level(load, requests, fresh_prompts=False))
+    return levels
+
+
+def warmup_requests(
+    requests: list[BenchRequest], tokenizer: Any, num_warmups: int, seed: int
+) -> list[BenchRequest]:
+    """`num_warmups` requests shaped like the workload's first ones (cycling through it), with
+    fresh words: `seed` must differ from every level's, so that the warm-up fills the prefix
+    cache with nothing a measured level sends."""
+    if num_warmups < 0:
+        raise ValueError(f"num_warmups must be >= 0, got {num_warmups}")
+    shapes = [requests[i % len(requests)] for i in range(num_warmups)]
+    return with_fresh_words(shapes, tokenizer, seed)
+
+
+def warm_up(endpoint: EndpointConfig, requests: list[BenchRequest]) -> dict[str, Any]:
+    """Send the warm-up requests all at once, unmeasured, so that the first level does not pay
+    the server's cold start (first-touch allocations, lazy initialisation)."""
+    if not requests:
+        return {"num_requests": 0, "num_failed": 0}
+    records = asyncio.run(run_load(endpoint, requests, LoadConfig()))["records"]
+    num_failed = sum(1 for r in records if r["error"])
+    print(f"warm-up: {len(requests)} requests, {num_failed} failed", flush=True)
+    return {"num_requests": len(requests), "num_failed": num_failed}
+
+
+def run_levels(
+    endpoint: EndpointConfig, levels: list[Level], sampler: StatusSampler | None = None
 ) -> list[dict[str, Any]]:
     """One run per load level, in order, printing a line after each."""
     runs = []
-    for load in loads:
-        summary = asyncio.run(run_load(endpoint, requests, load, sampler))
+    for level in levels:
+        if not level.fresh_prompts:
+            print(f"note: {REPEATED_PROMPTS_NOTE}", flush=True)
+        summary = asyncio.run(run_load(endpoint, level.requests, level.load, sampler))
+        summary["fresh_prompts"] = level.fresh_prompts
+        if not level.fresh_prompts:
+            summary["prefix_cache_note"] = REPEATED_PROMPTS_NOTE
         print(format_summary_line(summary), flush=True)
         runs.append(summary)
     return runs
@@ -157,8 +225,8 @@ class BenchError(RuntimeError):
     """A benchmark that cannot start: bad workload, unreachable server, unknown model."""
 
 
-def build_workload(args: Any) -> tuple[list[BenchRequest], Any]:
-    """The requests and the tokenizer that measured them."""
+def build_workload(args: Any) -> tuple[list[BenchRequest], Any, Path]:
+    """The requests, the tokenizer that measured them and the model directory."""
     from transformers import AutoTokenizer
 
     from benchmarks.workload import LengthDistribution, load_jsonl_workload, synthetic_workload
@@ -172,7 +240,8 @@ def build_workload(args: Any) -> tuple[list[BenchRequest], Any]:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     try:
         if args.dataset:
-            return load_jsonl_workload(Path(args.dataset), tokenizer, args.num_prompts), model_dir
+            requests = load_jsonl_workload(Path(args.dataset), tokenizer, args.num_prompts)
+            return requests, tokenizer, model_dir
         prompt_lens = LengthDistribution(args.prompt_len, args.prompt_len_sigma,
                                          *args.prompt_len_range)  # fmt: skip
         output_lens = LengthDistribution(args.output_len, args.output_len_sigma,
@@ -181,7 +250,7 @@ def build_workload(args: Any) -> tuple[list[BenchRequest], Any]:
                                       args.seed)  # fmt: skip
     except (ValueError, TypeError, OSError) as exc:
         raise BenchError(f"bad workload: {exc}") from exc
-    return requests, model_dir
+    return requests, tokenizer, model_dir
 
 
 def workload_summary(requests: list[BenchRequest]) -> dict[str, Any]:
@@ -216,12 +285,17 @@ def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str
 def run_from_args(args: Any) -> int:
     """The whole `pagedserve bench` run; exit code 1 when any request failed. With `--launch`,
     the pipeline is started here for `--model` (logs in a temporary file) and stopped before
-    the HF baseline runs, so that the baseline has the machine to itself."""
-    requests, model_dir = build_workload(args)
+    the HF baseline runs, so that the baseline has the machine to itself. The baseline runs
+    the first level's requests (it has no prefix cache, so repeats would cost it the same)."""
+    requests, tokenizer, model_dir = build_workload(args)
+    loads = load_levels(args)
+    levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=not args.dataset)
+    # Level i > 0 uses seed + i: the warm-up takes the next seed, used by no level.
+    warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
     if args.launch:
-        result = _bench_launched(args, requests, model_dir)
+        result = _bench_launched(args, levels, warmup, model_dir)
     else:
-        result = bench_server(args, requests)
+        result = bench_server(args, levels, warmup)
     if args.hf_baseline:
         best = max(result["runs"], key=lambda r: r["output_throughput"])
         result["hf_baseline"] = hf = run_hf(args, requests, model_dir)
@@ -238,7 +312,9 @@ def run_from_args(args: Any) -> int:
     return 1 if any(r["num_failed"] for r in result["runs"]) else 0
 
 
-def _bench_launched(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str, Any]:
+def _bench_launched(
+    args: Any, levels: list[Level], warmup: list[BenchRequest], model_dir: Path
+) -> dict[str, Any]:
     import tempfile
 
     from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
@@ -253,11 +329,11 @@ def _bench_launched(args: Any, requests: list[BenchRequest], model_dir: Path) ->
             pipeline.base_url, pipeline.redis_url, pipeline.namespace,
         )  # fmt: skip
         args.model = str(model_dir)
-        return bench_server(args, requests)
+        return bench_server(args, levels, warmup)
 
 
-def bench_server(args: Any, requests: list[BenchRequest]) -> dict[str, Any]:
-    """Every load level against the server at `args.base_url`."""
+def bench_server(args: Any, levels: list[Level], warmup: list[BenchRequest]) -> dict[str, Any]:
+    """The warm-up, then every load level, against the server at `args.base_url`."""
     endpoint = EndpointConfig(args.base_url, args.model, args.endpoint, args.api_key,
                               ignore_eos=not args.no_ignore_eos)  # fmt: skip
     try:
@@ -267,14 +343,16 @@ def bench_server(args: Any, requests: list[BenchRequest]) -> dict[str, Any]:
     sampler = None
     if args.redis_url or args.metrics_url:
         sampler = StatusSampler(args.redis_url, args.namespace, args.metrics_url)
+    warmup_summary = warm_up(endpoint, warmup)
     return {
         "label": args.label,
         "base_url": args.base_url,
         "model": args.model,
         "endpoint": args.endpoint,
         "seed": args.seed,
-        "workload": workload_summary(requests),
-        "runs": run_levels(endpoint, requests, load_levels(args), sampler),
+        "workload": workload_summary(levels[0].requests),
+        "warmup": warmup_summary,
+        "runs": run_levels(endpoint, levels, sampler),
     }
 
 

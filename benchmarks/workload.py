@@ -6,6 +6,8 @@ each prompt with random real words from the tokenizer's vocabulary, so the serve
 ordinary text. Outputs are fixed-length (`ignore_eos` + `max_tokens`), so every system under
 test produces exactly the same number of tokens. A JSONL workload gives one request per line:
 `{"prompt": str | [int], "output_len": int}` (`max_tokens` is accepted for `output_len`).
+`with_fresh_words` copies a workload with new words (same lengths), for runs that must not
+hit a prefix cache that an earlier run on the same server filled.
 """
 
 from __future__ import annotations
@@ -96,12 +98,31 @@ def synthetic_workload(
     vocab = np.asarray(word_token_ids(tokenizer))
     prompt_len_list = prompt_lens.sample(rng, num_requests)
     output_len_list = output_lens.sample(rng, num_requests)
-    requests = []
-    for prompt_len, output_len in zip(prompt_len_list, output_len_list, strict=True):
-        token_ids = [int(t) for t in rng.choice(vocab, size=prompt_len)]
-        text = tokenizer.decode(token_ids)
-        requests.append(BenchRequest(text, token_ids, output_len))
-    return requests
+    return [
+        _random_words_request(tokenizer, rng, vocab, prompt_len, output_len)
+        for prompt_len, output_len in zip(prompt_len_list, output_len_list, strict=True)
+    ]
+
+
+def with_fresh_words(
+    requests: Sequence[BenchRequest], tokenizer: Any, seed: int
+) -> list[BenchRequest]:
+    """The same requests with new random words: each prompt keeps its length in tokens and its
+    output length, so the model does the same work, but the content is new, so that a server's
+    prefix cache holds none of it from an earlier run (which would skip prefills that a
+    baseline without a prefix cache computes). Give each fresh copy its own seed."""
+    rng = np.random.default_rng(seed)
+    vocab = np.asarray(word_token_ids(tokenizer))
+    return [
+        _random_words_request(tokenizer, rng, vocab, r.prompt_len, r.output_len) for r in requests
+    ]
+
+
+def _random_words_request(
+    tokenizer: Any, rng: np.random.Generator, vocab: np.ndarray, prompt_len: int, output_len: int
+) -> BenchRequest:
+    token_ids = [int(t) for t in rng.choice(vocab, size=prompt_len)]
+    return BenchRequest(tokenizer.decode(token_ids), token_ids, output_len)
 
 
 def load_jsonl_workload(path: Path, tokenizer: Any, limit: int | None = None) -> list[BenchRequest]:

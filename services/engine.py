@@ -137,6 +137,11 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached prefix, so that a rerun of the same prompts computes them again
+        (a benchmark's runs stay comparable). Raises ValueError while requests are unfinished."""
+        self.scheduler.reset_prefix_cache()
+
     def generate(
         self,
         prompts: list[str] | list[list[int]],

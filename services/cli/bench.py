@@ -16,6 +16,16 @@ def _float_or_inf(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
@@ -58,7 +68,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add("--request-rate", type=_float_or_inf, default=math.inf, help="Poisson req/s; inf: at once")
     add("--max-concurrency", type=int, default=None, help="at most this many in flight")
     add("--concurrency-sweep", type=_int_list, default=None, metavar="1,4,16,64",
-        help="one run per level (overrides --max-concurrency)")  # fmt: skip
+        help="one run per level (overrides --max-concurrency); a synthetic workload gets "
+        "fresh words per level, so no level hits the prefix cache another filled")  # fmt: skip
+    add(
+        "--num-warmups",
+        type=_non_negative_int,
+        default=8,
+        help="unmeasured requests (fresh words) before the first level take the cold start",
+    )
     add("--no-ignore-eos", action="store_true", help="let outputs end at EOS")
     add("--redis-url", default=None, help="sample EngineStatus records from this Redis")
     add("--namespace", default="pagedserve")

@@ -104,6 +104,19 @@ class Scheduler:
         self.kv.pool.reset_prefix_cache()
         return len(victims)
 
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash: later requests find no prefix of earlier ones, as on
+        a fresh server (benchmarks that rerun a workload; vLLM's `LLM.reset_prefix_cache()`).
+        Refused while a request is unfinished: blocks that running requests share must stay
+        cached (an invariant `check_integrity` asserts), and a reset belongs between runs."""
+        if self.requests:
+            raise ValueError(
+                "cannot reset the prefix cache while requests are unfinished "
+                f"({len(self.running)} running, {len(self.waiting)} waiting): "
+                "finish or abort them first"
+            )
+        self.kv.pool.reset_prefix_cache()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 

@@ -74,6 +74,31 @@ def test_shared_prefix_hits_the_prefix_cache_and_still_matches(tiny_llama_dir):
         assert_matches_hf(result.token_ids, hf_greedy(hf, prompt, MAX_TOKENS))
 
 
+def test_reset_prefix_cache_makes_a_rerun_compute_its_prompt_again(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, block_size=4)
+    prompt = random_prompts((41,), seed=5)[0]
+    first = engine.generate([prompt], GREEDY)[0]
+    assert engine.generate([prompt], GREEDY)[0].num_cached_tokens == 40  # without a reset
+    engine.reset_prefix_cache()
+    hits_before = engine.scheduler.stats().prefix_cache_hits
+    rerun = engine.generate([prompt], GREEDY)[0]
+    assert rerun.num_cached_tokens == 0
+    assert engine.scheduler.stats().prefix_cache_hits == hits_before
+    assert rerun.token_ids == first.token_ids
+
+
+def test_reset_prefix_cache_is_refused_while_a_request_runs(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir, block_size=4)
+    engine.add_request(GenerateRequest("r", random_prompts((9,))[0], GREEDY))
+    engine.step()
+    with pytest.raises(ValueError, match=r"unfinished \(1 running, 0 waiting\): finish or abort"):
+        engine.reset_prefix_cache()
+    while engine.has_unfinished_requests():
+        engine.step()
+    engine.reset_prefix_cache()
+    assert engine.scheduler.kv.pool.cached_blocks == {}
+
+
 def test_preemption_under_a_small_cache_still_matches(tiny_llama_dir):
     # 8 sequences of ~60-90 tokens need ~24 blocks each at once; 40 blocks force preemption.
     engine = make_engine(tiny_llama_dir, num_blocks=40, block_size=4)

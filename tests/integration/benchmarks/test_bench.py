@@ -1,16 +1,20 @@
 """`pagedserve bench` against a real started pipeline (Redis, scheduler, worker, gateway as
-processes) serving a tiny model: the JSON has every metric, no request failed, and the engine
-status was sampled from Redis."""
+processes) serving a tiny model: the JSON has every metric, no request failed, the engine
+status was sampled from Redis, and no level of the sweep hit the prefix cache."""
 
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
+import redis
 
 from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
 from services.cli import main
+from shared.keys import RedisKeys
+from shared.status import EngineStatus, from_fields
 from tests.integration.pipeline.served_model import build_served_model
 
 pytestmark = pytest.mark.integration
@@ -26,6 +30,17 @@ def pipeline(tmp_path_factory: pytest.TempPathFactory):
     log.close()
 
 
+def prefix_cache_hits(redis_url: str, namespace: str) -> int:
+    """Prompt tokens found in the prefix cache so far, over every engine's status record."""
+    client = redis.Redis.from_url(redis_url)
+    try:
+        keys = RedisKeys(namespace)
+        records = [client.hgetall(keys.engine(e.decode())) for e in client.smembers(keys.engines)]
+        return sum(from_fields(EngineStatus, r).prefix_cache_hits for r in records if r)
+    finally:
+        client.close()
+
+
 def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -> None:
     running, model_dir = pipeline
     out = tmp_path / "bench"
@@ -34,12 +49,14 @@ def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -
         "--num-prompts", "6", "--prompt-len", "12", "--prompt-len-range", "4,40",
         "--output-len", "6", "--output-len-range", "2,12", "--seed", "3",
         "--concurrency-sweep", "1,4", "--redis-url", running.redis_url,
-        "--namespace", running.namespace, "--out", str(out),
+        "--namespace", running.namespace, "--num-warmups", "2", "--out", str(out),
     ])  # fmt: skip
     assert code == 0
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["workload"]["num_requests"] == 6
+    assert result["warmup"] == {"num_requests": 2, "num_failed": 0}
     assert [run["max_concurrency"] for run in result["runs"]] == [1, 4]
+    assert [run["fresh_prompts"] for run in result["runs"]] == [True, True]
     for run in result["runs"]:
         assert run["num_completed"] == 6 and run["num_failed"] == 0
         assert run["num_wrong_length"] == 0  # ignore_eos + max_tokens: exact lengths
@@ -51,6 +68,9 @@ def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -
         assert len(run["records"]) == 6
     assert any(run["status_samples"] for run in result["runs"])
     assert out.with_name("bench_throughput.png").stat().st_size > 0
+    time.sleep(1.5)  # the scheduler writes its status every second
+    # The second level sent fresh words: it found nothing of the first's in the prefix cache.
+    assert prefix_cache_hits(running.redis_url, running.namespace) == 0
     assert out.with_name("bench_latency_cdf.png").stat().st_size > 0
 
 

@@ -12,6 +12,7 @@ from benchmarks.workload import (
     poisson_arrival_times,
     save_jsonl_workload,
     synthetic_workload,
+    with_fresh_words,
     word_token_ids,
 )
 from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
@@ -35,6 +36,24 @@ def test_synthetic_workload_is_seeded_and_in_bounds() -> None:
     assert all(set(r.prompt_token_ids) <= {2, 3, 5, 7, 9} for r in a)
     # The text is the ids' decoding, and re-encodes to the same ids.
     assert all(FakeTokenizer().encode(r.prompt) == r.prompt_token_ids for r in a)
+
+
+def test_fresh_words_keep_the_lengths_and_change_the_content() -> None:
+    requests = synthetic_workload(FakeTokenizer(), 50, PROMPTS, OUTPUTS, seed=7)
+    fresh = with_fresh_words(requests, FakeTokenizer(), seed=8)
+    assert [(r.prompt_len, r.output_len) for r in fresh] == [
+        (r.prompt_len, r.output_len) for r in requests
+    ]
+    # Five words and prompts of >= 4 tokens: a first block in common is rare, never all of them.
+    same_start = [
+        a.prompt_token_ids[:4] == b.prompt_token_ids[:4]
+        for a, b in zip(requests, fresh, strict=True)
+    ]
+    assert sum(same_start) <= 2, same_start
+    assert all(set(r.prompt_token_ids) <= {2, 3, 5, 7, 9} for r in fresh)
+    assert all(FakeTokenizer().encode(r.prompt) == r.prompt_token_ids for r in fresh)
+    assert with_fresh_words(requests, FakeTokenizer(), seed=8) == fresh  # seeded
+    assert with_fresh_words(requests, FakeTokenizer(), seed=9) != fresh
 
 
 def test_lengths_are_long_tailed_around_the_median() -> None:

@@ -74,6 +74,39 @@ def test_prefix_hit_on_a_finished_request_reuses_its_free_blocks() -> None:
     assert plan.new_seqs[0].num_computed_tokens == 12
 
 
+def test_reset_prefix_cache_makes_the_same_prompt_miss() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    prompt = list(range(13))  # 3 full blocks + 1 token
+    s.add_request(make_request("a", prompt, max_tokens=1))
+    run_step(s, w)
+    s.reset_prefix_cache()
+    s.check_integrity()
+    assert s.kv.pool.cached_blocks == {}
+    s.add_request(make_request("b", prompt, max_tokens=1))
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].num_computed_tokens == 0
+    st = s.stats()
+    assert (st.prefix_cache_queries, st.prefix_cache_hits) == (13 + 13, 0)
+    s.add_request(make_request("c", prompt, max_tokens=1))  # b's blocks are cached again
+    plan, _ = run_step(s, w)
+    assert plan.new_seqs[0].num_computed_tokens == 12
+
+
+def test_reset_prefix_cache_is_refused_while_a_request_runs() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    w = worker_for(s)
+    s.add_request(make_request("a", list(range(13)), max_tokens=4))
+    run_step(s, w)
+    s.add_request(make_request("b", 5))
+    with pytest.raises(ValueError, match=r"unfinished \(1 running, 1 waiting\)"):
+        s.reset_prefix_cache()
+    assert len(s.kv.pool.cached_blocks) == 3  # nothing was forgotten
+    s.abort_requests(["a", "b"])
+    s.reset_prefix_cache()
+    assert s.kv.pool.cached_blocks == {}
+
+
 def test_never_the_whole_prompt_from_cache() -> None:
     s = make_scheduler(num_blocks=8, block_size=4)
     w = worker_for(s)
