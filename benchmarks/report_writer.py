@@ -18,6 +18,18 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value:.0f}"
 
 
+def _freshness_note(result: dict[str, Any]) -> str:
+    """How the levels avoided (or not) serving each other's prompts from the prefix cache."""
+    warmup = result.get("warmup") or {}
+    note = f"{warmup.get('num_requests', 0)} unmeasured warm-up requests first. "
+    if all(run.get("fresh_prompts", False) for run in result["runs"]):
+        return note + (
+            "Each level sends the same lengths with fresh words, so no level hits the prefix "
+            "cache with another's prompts; HF runs the first level's requests."
+        )
+    return note + "Levels repeat the prompts: later ones may hit the prefix cache."
+
+
 def serve_section(result: dict[str, Any]) -> list[str]:
     w = result["workload"]
     lines = [
@@ -27,6 +39,7 @@ def serve_section(result: dict[str, Any]) -> list[str]:
         f"{w['prompt_len']['max']} tokens (mean {w['prompt_len']['mean']:.0f}), output "
         f"{w['output_len']['min']}-{w['output_len']['max']} (mean {w['output_len']['mean']:.0f}),"
         f" {w['total_output_tokens']} output tokens; all sent at once, at most N in flight.",
+        _freshness_note(result),
         "",
         "| system | req/s | output tok/s | TTFT p50 / p99 ms | TPOT p50 / p99 ms "
         "| ITL p50 ms | E2E p50 / p99 ms | failed |",
@@ -79,7 +92,8 @@ def pipeline_section(result: dict[str, Any]) -> list[str]:
         "",
         "In-process runs before and after the pipeline's: "
         + " and ".join(f"{x:.1f}" for x in inproc.get("runs_output_throughput", []))
-        + f" tok/s (spread {100 * inproc.get('noise', 0.0):.1f}%: the machine's noise).",
+        + f" tok/s (spread {100 * inproc.get('noise', 0.0):.1f}%: the machine's noise; the prefix "
+        "cache is emptied before each run, so every run computes every prompt).",
         "",
         f"**Hops cost {100 * o['throughput_loss']:.1f}% of throughput** "
         f"({o['extra_ms_per_step']:+.1f} ms per step, {o['extra_ms_per_token']:+.2f} ms per "

@@ -18,6 +18,7 @@ def test_report_from_result_files(tmp_path: Path) -> None:
         "itl_ms": DIST,
         "e2e_ms": DIST,
         "num_failed": 0,
+        "fresh_prompts": True,
     }
     hf = {
         "batch_size": 32,
@@ -36,7 +37,13 @@ def test_report_from_result_files(tmp_path: Path) -> None:
         "prompt_len": {"min": 8, "mean": 40.0, "max": 90},
         "output_len": {"min": 4, "mean": 18.75, "max": 60},
     }
-    serve = {"workload": workload, "runs": [run], "hf_baseline": hf, "speedup_vs_hf": 4.0}
+    serve = {
+        "workload": workload,
+        "warmup": {"num_requests": 8, "num_failed": 0},
+        "runs": [run, {**run, "max_concurrency": 16}],
+        "hf_baseline": hf,
+        "speedup_vs_hf": 4.0,
+    }
     roofline = {
         "matmul_flops_per_s": {"bfloat16": 2e11},
         "num_threads": 1,
@@ -58,4 +65,24 @@ def test_report_from_result_files(tmp_path: Path) -> None:
     assert "4.00x output tokens/s" in report
     assert "HF generated 900 tokens to deliver 300" in report
     assert "370 tokens/s at batch 64 = 50% of the FLOP limit" in report
+    assert "8 unmeasured warm-up requests first. Each level sends the same lengths with fresh" in (
+        report
+    )
     assert "Pipeline hops" not in report  # no pipeline_overhead.json: section skipped
+
+
+def test_report_says_when_levels_repeat_prompts(tmp_path: Path) -> None:
+    latencies = {"ttft_ms": DIST, "tpot_ms": DIST, "itl_ms": DIST, "e2e_ms": DIST}
+    run = {"max_concurrency": 4, "request_throughput": 1.0, "output_throughput": 10.0,
+           "num_failed": 0, **latencies}  # fmt: skip
+    workload = {
+        "num_requests": 2,
+        "total_output_tokens": 20,
+        "prompt_len": {"min": 8, "mean": 9.0, "max": 10},
+        "output_len": {"min": 10, "mean": 10.0, "max": 10},
+    }
+    runs = [{**run, "fresh_prompts": True}, {**run, "fresh_prompts": False}]
+    (tmp_path / "serve.json").write_text(json.dumps({"workload": workload, "runs": runs}))
+    assert "Levels repeat the prompts: later ones may hit the prefix cache." in build_report(
+        tmp_path
+    )
