@@ -16,7 +16,7 @@ from dataclasses import dataclass
 class KVBlock:
     block_id: int
     ref_count: int = 0
-    block_hash: int | None = None  # set once the block is full and cached
+    block_hash: bytes | None = None  # digest (block_hash.py), set once full and cached
     prev_free: KVBlock | None = None  # links of the free queue; None when not in it
     next_free: KVBlock | None = None
 
@@ -98,13 +98,13 @@ class BlockPool:
         self.enable_prefix_caching = enable_prefix_caching
         self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
-        self.cached_blocks: dict[int, KVBlock] = {}  # block hash -> block holding that KV
+        self.cached_blocks: dict[bytes, KVBlock] = {}  # block digest -> block holding that KV
 
     @property
     def num_free_blocks(self) -> int:
         return self.free_queue.num_free_blocks
 
-    def get_cached_block(self, block_hash: int) -> KVBlock | None:
+    def get_cached_block(self, block_hash: bytes) -> KVBlock | None:
         return self.cached_blocks.get(block_hash)
 
     def get_new_blocks(self, num_blocks: int) -> list[KVBlock]:
@@ -139,7 +139,7 @@ class BlockPool:
             if block.ref_count == 0:
                 self.free_queue.append(block)
 
-    def cache_full_block(self, block: KVBlock, block_hash: int) -> None:
+    def cache_full_block(self, block: KVBlock, block_hash: bytes) -> None:
         """Record that `block` holds the KV of a full block with this hash. If another block
         already holds the same KV, keep that one: this block stays uncached."""
         if not self.enable_prefix_caching or block.block_hash is not None:

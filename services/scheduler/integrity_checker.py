@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from services.scheduler.block_hash import DIGEST_SIZE
 from services.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
@@ -80,14 +81,21 @@ def _check_free_queue(scheduler: Scheduler) -> None:
 def _check_cache_map(scheduler: Scheduler) -> None:
     pool = scheduler.kv.pool
     for block_hash, block in pool.cached_blocks.items():
+        assert isinstance(block_hash, bytes) and len(block_hash) == DIGEST_SIZE, (
+            f"cache map key {block_hash!r} is not a {DIGEST_SIZE}-byte block digest"
+        )
         assert block.block_hash == block_hash, (
-            f"cache map points hash {block_hash} at block {block.block_id}, "
-            f"whose hash is {block.block_hash}"
+            f"cache map points hash {_short_hex(block_hash)} at block {block.block_id}, "
+            f"whose hash is {_short_hex(block.block_hash)}"
         )
     num_hashed = sum(1 for b in pool.blocks if b.block_hash is not None)
     assert num_hashed == len(pool.cached_blocks), (
         f"{num_hashed} blocks carry a hash but the cache map has {len(pool.cached_blocks)}"
     )
+
+
+def _short_hex(digest: bytes | None) -> str:
+    return "none" if digest is None else digest.hex()[:16]
 
 
 def _check_tables(scheduler: Scheduler) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.scheduler.block_hash import hash_block
 from services.scheduler.block_pool import BlockPool, KVBlock
 from services.scheduler.request import Request
 
@@ -131,4 +132,4 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(tokens[i * size : (i + 1) * size]))))
+            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size]))

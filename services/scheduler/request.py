@@ -40,7 +40,7 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     scheduled_step_id: int = -1  # the last plan that scheduled it
     num_preemptions: int = 0
-    block_hashes: list[int] = field(default_factory=list)  # chained hashes of its full blocks
+    block_hashes: list[bytes] = field(default_factory=list)  # chained digests of full blocks
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

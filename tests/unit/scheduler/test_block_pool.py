@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import pytest
 
+from services.scheduler.block_hash import hash_block
 from services.scheduler.block_pool import BlockPool, FreeBlockQueue, KVBlock
 
 
@@ -56,30 +57,33 @@ def test_all_or_nothing_allocation_and_over_free() -> None:
 def test_cached_free_block_is_reusable_until_evicted() -> None:
     pool = BlockPool(2)
     (block,) = pool.get_new_blocks(1)
-    pool.cache_full_block(block, 1234)
+    digest = hash_block(None, [1, 2, 3, 4])
+    pool.cache_full_block(block, digest)
     pool.free_blocks([block])
-    assert pool.get_cached_block(1234) is block  # still cached while free
+    assert pool.get_cached_block(digest) is block  # still cached while free
     pool.touch([block])  # a hit takes it out of the free queue
     assert block.ref_count == 1 and free_ids(pool) == [1]
     pool.free_blocks([block])
     assert free_ids(pool) == [1, 0]
     pool.get_new_blocks(2)  # reusing block 0 for new data evicts its KV
-    assert pool.get_cached_block(1234) is None and block.block_hash is None
+    assert pool.get_cached_block(digest) is None and block.block_hash is None
 
 
 def test_duplicate_content_keeps_the_first_cached_block() -> None:
     pool = BlockPool(2)
     first, second = pool.get_new_blocks(2)
-    pool.cache_full_block(first, 9)
-    pool.cache_full_block(second, 9)
-    assert pool.get_cached_block(9) is first and second.block_hash is None
+    digest = hash_block(None, [9])
+    pool.cache_full_block(first, digest)
+    pool.cache_full_block(second, digest)
+    assert pool.get_cached_block(digest) is first and second.block_hash is None
 
 
 def test_prefix_caching_disabled_caches_nothing() -> None:
     pool = BlockPool(1, enable_prefix_caching=False)
     (block,) = pool.get_new_blocks(1)
-    pool.cache_full_block(block, 5)
-    assert pool.get_cached_block(5) is None
+    digest = hash_block(None, [5])
+    pool.cache_full_block(block, digest)
+    assert pool.get_cached_block(digest) is None
 
 
 def test_num_blocks_must_be_positive() -> None:
