@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from services.gpu_worker.sampler import SamplingRow, apply_penalties, sample
+from services.gpu_worker import sampler
+from services.gpu_worker.sampler import SamplingRow, apply_penalties, inverse_cdf_sample, sample
 from shared.protocol import SamplingParams
 
 VOCAB = 64
@@ -139,3 +140,42 @@ def test_logprobs_are_of_the_raw_distribution_with_top_alternatives():
         for (_, v), b in zip(out.top_logprobs[0], best.values, strict=True)
     )
     assert out.top_logprobs[1] == []  # the second row asked for none
+
+
+def test_inverse_cdf_maps_each_uniform_to_the_token_whose_interval_holds_it():
+    probs = torch.tensor([[0.2, 0.0, 0.5, 0.3]]).repeat(6, 1)
+    uniforms = torch.tensor([[0.0], [0.1], [0.2], [0.69], [0.7], [0.999]])
+    # Intervals: token 0 [0, 0.2), token 1 empty, token 2 [0.2, 0.7), token 3 [0.7, 1).
+    assert inverse_cdf_sample(probs, uniforms).tolist() == [0, 0, 2, 2, 3, 3]
+
+
+def test_inverse_cdf_never_picks_a_token_without_mass_at_either_end():
+    probs = torch.tensor([[0.0, 0.0, 0.6, 0.4, 0.0, 0.0]]).repeat(2, 1)
+    # u = 0 must skip the empty head; u * total rounding up to the total (u = 1 here) must
+    # not run past the last token with mass into the empty tail.
+    uniforms = torch.tensor([[0.0], [1.0]])
+    assert inverse_cdf_sample(probs, uniforms).tolist() == [2, 3]
+
+
+def full_sort_top_k_top_p(logits, top_k, top_p):
+    """The definition: sort each whole row, keep ranks < top_k and the smallest top_p set."""
+    out = torch.full_like(logits, float("-inf"))
+    for i, (k, p) in enumerate(zip(top_k, top_p, strict=True)):
+        values, order = logits[i].sort(descending=True)
+        probs = values.softmax(-1)
+        keep = ((probs.cumsum(-1) - probs) <= p) & (torch.arange(len(values)) < k)
+        keep[0] = True
+        out[i, order[keep]] = values[keep]
+    return out
+
+
+def test_top_k_top_p_on_candidates_equals_the_full_sort(monkeypatch):
+    monkeypatch.setattr(sampler, "TOP_CANDIDATES", (4, 16))  # VOCAB 64: all three passes
+    generator = torch.Generator().manual_seed(7)
+    logits = torch.randn((12, VOCAB), generator=generator) * torch.tensor([[0.3], [3.0]]).repeat(
+        6, 1
+    )  # flat rows need a wide nucleus, peaked ones a narrow one
+    top_k = [VOCAB, 3, VOCAB, 10, VOCAB, 40, VOCAB, VOCAB, 2, VOCAB, 64, 5]
+    top_p = [0.9, 1.0, 0.5, 0.95, 0.99, 1.0, 0.2, 0.999, 0.9, 0.7, 0.6, 0.3]
+    expected = full_sort_top_k_top_p(logits, top_k, top_p)
+    assert torch.equal(sampler.apply_top_k_top_p(logits, top_k, top_p), expected)
