@@ -3,6 +3,7 @@ and fan `n` choices out into engine requests with their own ids (and seeds)."""
 
 from __future__ import annotations
 
+import secrets
 import time
 from dataclasses import dataclass
 
@@ -79,6 +80,18 @@ def check_lengths(
             )
 
 
+def choice_seed(options: SamplingOptions, choice: int) -> int | None:
+    """Choice i of a seeded request samples with seed + i, so that the choices differ. A sampled
+    request without a seed gets a random one here: an engine that crashes runs a request again
+    from its prompt, and only a seeded one regenerates the tokens its client was already shown
+    (the gateway's ReplayGuard then drops them and the stream goes on seamlessly)."""
+    if options.seed is not None:
+        return (options.seed + choice) % SEED_LIMIT
+    if options.temperature > 0:
+        return secrets.randbelow(SEED_LIMIT)
+    return None
+
+
 def sampling_params(
     options: SamplingOptions, info: TokenizerInfo, num_prompt_tokens: int, choice: int
 ) -> SamplingParams:
@@ -89,7 +102,7 @@ def sampling_params(
                 "stop_token_ids",
             )
     max_tokens = options.max_tokens or info.max_model_len - num_prompt_tokens
-    seed = None if options.seed is None else (options.seed + choice) % SEED_LIMIT
+    seed = choice_seed(options, choice)
     return SamplingParams(
         temperature=options.temperature,
         top_p=options.top_p,

@@ -58,16 +58,20 @@ def expected(reference_engine) -> list[str]:
     return [out.text for out in reference_engine.generate(PROMPTS, params)]
 
 
-async def streams_with_fault(pipeline, fault, prompts=PROMPTS, timeout_s: float = 90.0):
-    """Stream every prompt at once; once each client has seen text, run `fault()` (blocking,
-    in a thread); return the results and the seconds from the fault to the last stream end."""
+async def streams_with_fault(
+    pipeline, fault, prompts=PROMPTS, timeout_s: float = 90.0, bodies: list[dict] | None = None
+):
+    """Stream every prompt at once (with BODY, or with `bodies`, one per prompt); once each
+    client has seen text, run `fault()` (blocking, in a thread); return the results and the
+    seconds from the fault to the last stream end."""
     results = [StreamResult() for _ in prompts]
+    bodies = bodies or [BODY] * len(prompts)
     async with httpx.AsyncClient(timeout=timeout_s) as client:
         tasks = [
             asyncio.create_task(
-                stream_completion(client, pipeline.base_url(), {**BODY, "prompt": p}, r)
+                stream_completion(client, pipeline.base_url(), {**b, "prompt": p}, r)
             )
-            for p, r in zip(prompts, results, strict=True)
+            for p, b, r in zip(prompts, bodies, results, strict=True)
         ]
         deadline = time.monotonic() + 30
         while any(r.first_piece_at is None for r in results):
@@ -107,11 +111,22 @@ def test_a_restarted_scheduler_resumes_its_requests_without_repeating_text(pipel
         engine.scheduler.kill()
         engine.scheduler = start_scheduler(pipeline, engine)
 
-    results, took_s = asyncio.run(streams_with_fault(pipeline, crash_and_restart))
+    # Plus one sampled stream without a seed: the gateway gives it one, so its replay
+    # regenerates what its client was shown instead of ending in a replay-mismatch error.
+    sampled = {"temperature": 0.9, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    prompts = [*PROMPTS, PROMPTS[0]]
+    bodies = [BODY] * len(PROMPTS) + [sampled]
+    results, took_s = asyncio.run(
+        streams_with_fault(pipeline, crash_and_restart, prompts, bodies=bodies)
+    )
     log = engine.scheduler.log()
     resumed = re.search(r"resuming (\d+) un-ACKed request\(s\) of engine engine-a", log)
     assert resumed and int(resumed.group(1)) >= 1, log[-3000:]
-    assert_seamless(results, expected)
+    assert_seamless(results[: len(PROMPTS)], expected)
+    sampled_result = results[-1]
+    assert sampled_result.status == 200 and sampled_result.error is None, sampled_result
+    assert sampled_result.done and sampled_result.finish_reason == "length"
+    assert sampled_result.num_completion_tokens == MAX_TOKENS
     assert took_s < RESTART_BOUND_S
     assert_idle_and_whole(pipeline, "engine-a")
 

@@ -32,9 +32,18 @@ def test_fan_out_n_with_seeds(info):
 
 
 def test_default_max_tokens_fills_the_model(info):
-    (request,) = build(info)
+    (request,) = build(info, temperature=0)
     assert request.sampling.max_tokens == info.max_model_len - len(request.prompt_token_ids)
-    assert request.sampling.seed is None
+    assert request.sampling.seed is None  # greedy: nothing to reproduce
+
+
+def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
+    # So that an engine crash regenerates the same tokens (see choice_seed).
+    first = build(info, n=3, temperature=0.8, max_tokens=5)
+    second = build(info, n=3, temperature=0.8, max_tokens=5)
+    seeds = [r.sampling.seed for r in first + second]
+    assert all(seed is not None and 0 <= seed < 2**63 for seed in seeds)
+    assert len(set(seeds)) == 6  # choices differ, and so do requests
 
 
 def test_too_long_says_both_numbers(info):
