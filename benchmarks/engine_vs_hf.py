@@ -74,8 +74,9 @@ def run_engine(
 
     engine = LLMEngine(
         model_dir,
-        SchedulerConfig(max_num_seqs=max_num_seqs, max_num_batched_tokens=1024, max_model_len=2048),
-        CacheConfig(),  # the device default block size: what users get
+        # the device default block size and token budget: what users get
+        SchedulerConfig(max_num_seqs=max_num_seqs, max_model_len=2048),
+        CacheConfig(),
         dtype=dtype,
     )
     engine.generate([prompts[0][:8]], SamplingParams(temperature=0, max_tokens=2))  # warm-up

@@ -159,13 +159,14 @@ def format_report(report: dict[str, Any]) -> str:
 def build_engine(
     model: str,
     max_num_seqs: int,
-    max_num_batched_tokens: int,
+    max_num_batched_tokens: int | None,
     dtype: str,
     threads: int | None = None,
 ) -> Any:
     """An in-process engine; `threads` overrides the torch thread count the runner picked
     (on a small shared machine one thread per core that is really free beats them all: an
-    OpenMP barrier waits for a thread whose core is busy elsewhere)."""
+    OpenMP barrier waits for a thread whose core is busy elsewhere). A `max_num_batched_tokens`
+    of None is the device default: what users get."""
     import torch
 
     from services.engine import LLMEngine
@@ -194,7 +195,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: all)")
     p.add_argument("--out", default="benchmarks/results/kv_memory.json")
     args = p.parse_args(argv)
-    engine = build_engine(args.model, args.max_num_seqs, 2048, args.dtype, args.threads)
+    engine = build_engine(args.model, args.max_num_seqs, None, args.dtype, args.threads)
     requests = synthetic_workload(
         engine.tokenizer, args.num_prompts, LengthDistribution(args.prompt_len, 0.6, 8, 1024),
         LengthDistribution(args.output_len, 0.6, 4, 512), args.seed,

@@ -24,7 +24,7 @@ class PipelineConfig:
     model_dir: Path
     dtype: str = "auto"
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int | None = None  # None: the worker's device default
     max_model_len: int | None = None
     num_blocks: int | None = None
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
@@ -53,7 +53,9 @@ class LocalPipeline:
         c = self.config
         plan_port, result_port = free_port(), free_port()
         py = [sys.executable, "-m"]
-        common = ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
+        common: list[str] = []
+        if c.max_num_batched_tokens:
+            common += ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
         if c.max_model_len:
             common += ["--max-model-len", str(c.max_model_len)]
         scheduler = [*py, "services.scheduler", "--redis-url", self.redis_url,

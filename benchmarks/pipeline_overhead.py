@@ -161,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     # Shaped like the first requests, with words of their own: no measured prompt is cached.
     warmup = warmup_requests(requests, tokenizer, NUM_WARMUP, args.seed + 1)
-    engine = build_engine(str(model_dir), args.max_num_seqs, 2048, args.dtype, args.threads)
+    engine = build_engine(str(model_dir), args.max_num_seqs, None, args.dtype, args.threads)
     run_engine(engine, warmup, trace=False)
     before = in_process_run(engine, requests)
     print(f"in-process: {before['output_throughput']:.1f} out tok/s, "

@@ -70,10 +70,11 @@ class LLMEngine:
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             show_progress=show_progress,
         )
-        if scheduler_config.max_model_len > self.runner.max_model_len:
-            scheduler_config = dataclasses.replace(
-                scheduler_config, max_model_len=self.runner.max_model_len
-            )
+        scheduler_config = dataclasses.replace(
+            scheduler_config,
+            max_model_len=min(scheduler_config.max_model_len, self.runner.max_model_len),
+            max_num_batched_tokens=self.runner.max_num_batched_tokens,  # the device's if unset
+        )
         cache_config = dataclasses.replace(
             cache_config, num_blocks=self.runner.num_blocks, block_size=self.runner.block_size
         )

@@ -29,6 +29,19 @@ def default_block_size(device_type: str) -> int:
     return 8 if device_type == "cpu" else 16
 
 
+def default_max_num_batched_tokens(device_type: str) -> int:
+    """The per-step token budget a worker on `device_type` asks for when none is given.
+
+    512 on the CPU: a step carrying a long prefill chunk stalls every running decode for as long
+    as the chunk takes. Measured in-process (192-request long-tailed workload, 1 thread, bf16,
+    max_num_seqs 128): 2048 gives 169.1 output tok/s with a 3002 ms step p99, 1024 176.9 tok/s
+    and 1611 ms, 512 175.4 tok/s and 863 ms, 256 166.1 tok/s and 548 ms; 512 keeps the
+    throughput and cuts the worst inter-token gap ~3.5x. 2048 elsewhere: vLLM's default for
+    online serving with chunked prefill; GPU prefill is cheap per token.
+    """
+    return 512 if device_type == "cpu" else 2048
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int | None = None  # None: the workers' device default (`default_block_size`)
@@ -53,7 +66,9 @@ class CacheConfig:
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # sequences running at once
-    max_num_batched_tokens: int = 2048  # tokens computed in one step
+    # tokens computed in one step; None: the workers' device default
+    # (`default_max_num_batched_tokens`)
+    max_num_batched_tokens: int | None = None
     max_model_len: int = 2048  # prompt + output tokens of one sequence
     max_waiting: int = 4096  # waiting requests beyond which new ones are refused
     policy: str = "fcfs"  # "fcfs" | "priority"
@@ -63,9 +78,14 @@ class SchedulerConfig:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
+            value = getattr(self, name)
+            if not (value is None and name == "max_num_batched_tokens") and value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value}")
+        if (
+            not self.enable_chunked_prefill
+            and self.max_num_batched_tokens is not None
+            and self.max_num_batched_tokens < self.max_model_len
+        ):
             raise ValueError(
                 "without chunked prefill, max_num_batched_tokens "
                 f"({self.max_num_batched_tokens}) must be >= max_model_len ({self.max_model_len})"

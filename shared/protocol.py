@@ -204,6 +204,9 @@ class WorkerHello:
     max_model_len: int
     model: str
     pid: int = 0
+    # the per-step token budget this rank sized itself for (its device default unless given);
+    # a scheduler given none adopts the first hello's
+    max_num_batched_tokens: int = 2048
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
     parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    parser.add_argument(
+        "--max-num-batched-tokens", type=int, default=None, help="default: 512 CPU, 2048 CUDA"
+    )
     parser.add_argument("--max-model-len", type=int, default=2048)
     parser.add_argument("--num-blocks", type=int, default=None)
     parser.set_defaults(func=run)

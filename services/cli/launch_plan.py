@@ -25,7 +25,8 @@ class ServeOptions:
     attention_backend: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    # None: the workers' device default (512 CPU, 2048 CUDA)
+    max_num_batched_tokens: int | None = None
     block_size: int | None = None  # None: the workers' device default (8 CPU, 16 CUDA)
     gpu_memory_utilization: float = 0.9
     kv_cache_memory: int | None = None
@@ -68,10 +69,15 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
-def _block_size_args(options: ServeOptions) -> list[str]:
-    """Only an explicit block size is passed: without one the workers pick their device's
-    default and the scheduler adopts it from their hello."""
-    return [] if options.block_size is None else ["--block-size", str(options.block_size)]
+def _device_default_args(options: ServeOptions) -> list[str]:
+    """Only an explicit block size and token budget are passed: without them the workers pick
+    their device's defaults and the scheduler adopts them from their hello."""
+    args: list[str] = []
+    if options.block_size is not None:
+        args += ["--block-size", str(options.block_size)]
+    if options.max_num_batched_tokens is not None:
+        args += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
+    return args
 
 
 def scheduler_spec(options: ServeOptions, redis_url: str, ports: Ports) -> ChildSpec:
@@ -85,10 +91,9 @@ def scheduler_spec(options: ServeOptions, redis_url: str, ports: Ports) -> Child
         "--result-port", ports.result,
         "--tensor-parallel-size", options.tensor_parallel_size,
         "--max-num-seqs", options.max_num_seqs,
-        "--max-num-batched-tokens", options.max_num_batched_tokens,
         "--policy", options.scheduling_policy,
     )  # fmt: skip
-    argv += _block_size_args(options)
+    argv += _device_default_args(options)
     if options.max_model_len is not None:
         argv += ["--max-model-len", str(options.max_model_len)]
     if not options.enable_prefix_caching:
@@ -111,9 +116,8 @@ def worker_spec(options: ServeOptions, model_dir: str, ports: Ports, rank: int) 
         "--gpu-memory-utilization", options.gpu_memory_utilization,
         "--attention-backend", options.attention_backend,
         "--device", options.device,
-        "--max-num-batched-tokens", options.max_num_batched_tokens,
     )  # fmt: skip
-    argv += _block_size_args(options)
+    argv += _device_default_args(options)
     if options.kv_cache_memory is not None:
         argv += ["--kv-cache-memory", str(options.kv_cache_memory)]
     if options.max_model_len is not None:

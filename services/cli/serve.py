@@ -60,7 +60,8 @@ def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     add(
         "--max-num-batched-tokens",
         type=int,
-        default=int(e("max_num_batched_tokens", str(d.max_num_batched_tokens))),
+        default=_opt_int(e("max_num_batched_tokens", "")),
+        help="tokens computed in one step; default: 512 on CPU, 2048 on CUDA",
     )
     add(
         "--block-size",

@@ -46,7 +46,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=e("device", "auto"), choices=["auto", "cpu", "cuda"])
     p.add_argument("--max-model-len", type=_optional_int, default=e("max_model_len", ""))
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=int(e("max_num_batched_tokens", "2048"))
+        "--max-num-batched-tokens",
+        type=_optional_int,
+        default=e("max_num_batched_tokens", ""),
+        help="tokens computed in one step; default: 512 on CPU, 2048 on CUDA",
     )
     p.add_argument(
         "--scheduler-timeout",

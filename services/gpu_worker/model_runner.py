@@ -30,7 +30,7 @@ from services.gpu_worker.model_loader import load_model
 from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
 from services.gpu_worker.sampler import SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
-from shared.config import CacheConfig, default_block_size
+from shared.config import CacheConfig, default_block_size, default_max_num_batched_tokens
 from shared.protocol import StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -106,7 +106,7 @@ class ModelRunner:
         dtype: str | torch.dtype = "auto",
         device: str | torch.device | None = None,
         attention_backend: str = "auto",
-        max_num_batched_tokens: int = 2048,
+        max_num_batched_tokens: int | None = None,
         show_progress: bool = True,
     ) -> None:
         cache_config = cache_config or CacheConfig()
@@ -126,7 +126,12 @@ class ModelRunner:
         self.vocab_size = config.vocab_size
         self.max_model_len = min(max_model_len or model_len_limit(config), model_len_limit(config))
         self.block_size = cache_config.block_size or default_block_size(self.device.type)
-        self.num_blocks = self._decide_num_blocks(cache_config, max_num_batched_tokens)
+        # the step size the CUDA memory profile is run at; the scheduler adopts it when it
+        # was given none
+        self.max_num_batched_tokens = max_num_batched_tokens or default_max_num_batched_tokens(
+            self.device.type
+        )
+        self.num_blocks = self._decide_num_blocks(cache_config, self.max_num_batched_tokens)
         self.kv_caches = allocate_kv_caches(
             len(self.model.layers),
             self.num_blocks,

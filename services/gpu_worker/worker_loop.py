@@ -131,6 +131,7 @@ class WorkerLoop:
                 max_model_len=self.runner.max_model_len,
                 model=self.model_name,
                 pid=os.getpid(),
+                max_num_batched_tokens=self.runner.max_num_batched_tokens,
             )
         )
         logger.info("worker %d: hello to scheduler epoch %s", self.rank, epoch)

@@ -39,7 +39,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor-parallel-size", type=int, default=int(e("tensor_parallel_size", "1")))
     p.add_argument("--max-num-seqs", type=int, default=int(e("max_num_seqs", "256")))
     p.add_argument(
-        "--max-num-batched-tokens", type=int, default=int(e("max_num_batched_tokens", "2048"))
+        "--max-num-batched-tokens",
+        type=_optional_int,
+        default=e("max_num_batched_tokens", ""),
+        help="default: what the workers report (their device's default)",
     )
     p.add_argument(
         "--max-model-len",

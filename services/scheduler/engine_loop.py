@@ -109,6 +109,7 @@ class EngineLoop:
             config.tensor_parallel_size,
             config.cache_config.block_size,
             config.worker_timeout_s,
+            config.scheduler_config.max_num_batched_tokens,
         )
         self.scheduler: Scheduler | None = None
         self.inflight: dict[str, Inflight] = {}
@@ -178,18 +179,25 @@ class EngineLoop:
         if self.scheduler is None:
             num_blocks = self.link.num_blocks
             block_size = self.link.block_size  # the workers' when the config left it out
+            budget = self.link.max_num_batched_tokens  # likewise
             max_model_len = min(self.config.max_model_len or 1 << 62, self.link.max_model_len)
             self.scheduler = Scheduler(
-                replace(self.config.scheduler_config, max_model_len=max_model_len),
+                replace(
+                    self.config.scheduler_config,
+                    max_model_len=max_model_len,
+                    max_num_batched_tokens=budget,
+                ),
                 replace(self.config.cache_config, num_blocks=num_blocks, block_size=block_size),
             )
             self.link.min_num_blocks = num_blocks
             logger.info(
-                "workers ready: %d rank(s), %d KV blocks of %d tokens, max_model_len %d",
+                "workers ready: %d rank(s), %d KV blocks of %d tokens, max_model_len %d, "
+                "%d tokens per step",
                 self.config.tensor_parallel_size,
                 num_blocks,
                 block_size,
                 max_model_len,
+                budget,
             )
         return True
 

@@ -46,6 +46,10 @@ class Scheduler:
             raise ValueError("cache_config.num_blocks must be set (the workers report it)")
         if cache_config.block_size is None:
             raise ValueError("cache_config.block_size must be set (the workers report it)")
+        if scheduler_config.max_num_batched_tokens is None:
+            raise ValueError(
+                "scheduler_config.max_num_batched_tokens must be set (the workers report it)"
+            )
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks

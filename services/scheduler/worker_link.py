@@ -48,6 +48,7 @@ class WorkerLink:
         world_size: int,
         block_size: int | None,
         worker_timeout_s: float = 10.0,
+        max_num_batched_tokens: int | None = None,
     ) -> None:
         self.plan_address = plan_address
         self.result_address = result_address
@@ -55,6 +56,9 @@ class WorkerLink:
         # None until the first accepted hello: then the workers' (device-dependent) default,
         # which every later hello, in this epoch or any later one, must match
         self.block_size = block_size
+        # None until the first accepted hello: then that worker's (device-dependent) default.
+        # Later hellos need not match: it is a scheduling budget, not a memory layout.
+        self.max_num_batched_tokens = max_num_batched_tokens
         self.worker_timeout_s = worker_timeout_s
         self.epoch = uuid.uuid4().hex[:12]
         self.ranks = [RankState() for _ in range(world_size)]
@@ -219,6 +223,13 @@ class WorkerLink:
         if self.block_size is None:
             self.block_size = hello.block_size
             logger.info("block_size %d: adopted from worker rank %d", hello.block_size, hello.rank)
+        if self.max_num_batched_tokens is None:
+            self.max_num_batched_tokens = hello.max_num_batched_tokens
+            logger.info(
+                "max_num_batched_tokens %d: adopted from worker rank %d",
+                hello.max_num_batched_tokens,
+                hello.rank,
+            )
         state.hello = hello
         logger.info(
             "worker rank %d attached (pid %d, %d blocks)", hello.rank, hello.pid, hello.num_blocks

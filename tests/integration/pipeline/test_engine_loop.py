@@ -44,6 +44,7 @@ class FakeModel:
     num_blocks = 64
     block_size = 16
     max_model_len = 128
+    max_num_batched_tokens = 2048
 
     def __init__(self, step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s

@@ -17,7 +17,8 @@ PORTS = Ports(redis=7001, plan=7002, result=7003, master=7004)
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("REDIS_URL", raising=False)
-    for name in ("PORT", "REDIS_URL", "MODEL", "API_KEY", "TENSOR_PARALLEL_SIZE", "BLOCK_SIZE"):
+    for name in ("PORT", "REDIS_URL", "MODEL", "API_KEY", "TENSOR_PARALLEL_SIZE", "BLOCK_SIZE",
+                 "MAX_NUM_BATCHED_TOKENS"):  # fmt: skip
         monkeypatch.delenv(f"PAGEDSERVE_{name}", raising=False)
 
 
@@ -37,9 +38,10 @@ def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("REDIS_URL", "redis://10.0.0.5:6379/2")
     monkeypatch.setenv("PAGEDSERVE_PORT", "9100")
     monkeypatch.setenv("PAGEDSERVE_BLOCK_SIZE", "32")
+    monkeypatch.setenv("PAGEDSERVE_MAX_NUM_BATCHED_TOKENS", "1024")
     options = parse()
     assert options.redis_url == "redis://10.0.0.5:6379/2" and options.port == 9100
-    assert options.block_size == 32
+    assert options.block_size == 32 and options.max_num_batched_tokens == 1024
     assert parse("--port", "9200").port == 9200  # the flag wins
 
 
@@ -53,6 +55,7 @@ def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--gpu-memory-utilization", "1.5"], "gpu-memory-utilization must be in (0, 1], got 1.5"),
         (["--shutdown-timeout", "-1"], "--shutdown-timeout must be >= 0, got -1"),
         (["--max-num-seqs", "0"], "max-num-seqs must be >= 1, got 0"),
+        (["--max-num-batched-tokens", "0"], "max-num-batched-tokens must be >= 1, got 0"),
         (["--kv-cache-memory", "0"], "--kv-cache-memory must be >= 1 byte, got 0"),
         (["--api-key", ""], "--api-key must not be empty"),
     ],
@@ -112,6 +115,25 @@ def test_without_a_block_size_the_workers_pick_it_and_the_scheduler_adopts_it() 
     scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
     worker = parse_service_args("services.gpu_worker", plan.engine[1].argv[3:], {})
     assert scheduler.block_size is None and worker.block_size is None
+
+
+def test_without_a_token_budget_the_workers_pick_it_and_the_scheduler_adopts_it() -> None:
+    plan = plan_launch(parse(), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    for spec in plan.engine:
+        assert "--max-num-batched-tokens" not in spec.argv
+    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    worker = parse_service_args("services.gpu_worker", plan.engine[1].argv[3:], {})
+    assert scheduler.max_num_batched_tokens is None and worker.max_num_batched_tokens is None
+
+
+def test_an_explicit_token_budget_reaches_the_scheduler_and_every_worker() -> None:
+    options = parse("--tensor-parallel-size", "2", "--max-num-batched-tokens", "1024")
+    plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    configs = [
+        parse_service_args("services.scheduler", plan.engine[0].argv[3:], {}),
+        *(parse_service_args("services.gpu_worker", s.argv[3:], {}) for s in plan.engine[1:]),
+    ]
+    assert [c.max_num_batched_tokens for c in configs] == [1024, 1024, 1024]
 
 
 def test_an_explicit_block_size_reaches_the_scheduler_and_every_worker() -> None:

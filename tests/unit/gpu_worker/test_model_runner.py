@@ -162,6 +162,15 @@ def test_without_a_block_size_the_runner_takes_its_device_default(tiny_llama_dir
     assert runner.kv_caches[0][0].shape == (4, 8, 2, 16)
 
 
+def test_without_a_token_budget_the_runner_takes_its_device_default(tiny_llama_dir):
+    def runner(**kwargs) -> ModelRunner:
+        return ModelRunner(tiny_llama_dir, CacheConfig(num_blocks=4), dtype="float32",
+                           device="cpu", show_progress=False, **kwargs)  # fmt: skip
+
+    assert runner().max_num_batched_tokens == 512
+    assert runner(max_num_batched_tokens=1024).max_num_batched_tokens == 1024
+
+
 def test_dtype_names():
     cpu = torch.device("cpu")
     assert resolve_dtype("float32", cpu) is torch.float32

@@ -28,6 +28,7 @@ class FakeRunner:
     num_blocks = 10
     block_size = 16
     max_model_len = 128
+    max_num_batched_tokens = 512
 
     def __init__(self) -> None:
         self.seqs: dict[str, NewSequence] = {}
@@ -102,6 +103,7 @@ def test_heartbeats_flow_but_no_hello_before_a_scheduler_heartbeat(harness):
 def test_hello_then_plans_execute_and_results_come_back(harness):
     hello = harness.next_of(WorkerHello, heartbeat_epoch="e1")
     assert (hello.rank, hello.world_size, hello.num_blocks, hello.block_size) == (0, 1, 10, 16)
+    assert hello.max_num_batched_tokens == 512  # the runner's: the scheduler may adopt it
     harness.publisher.send(StepPlan(3, new_seqs=[new_seq("a")]))
     result = harness.next_of(StepResult)
     assert (result.step_id, result.seq_ids, result.token_ids, result.error) == (3, ["a"], [7], None)

@@ -1,5 +1,6 @@
 """Attaching workers: the engine loop builds its Scheduler from what the workers said in their
-hellos, the block size included when the scheduler was given none."""
+hellos, the block size and the per-step token budget included when the scheduler was given
+none."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import WorkerHello
 
 
-def make_loop(cache_config: CacheConfig) -> EngineLoop:
+def make_loop(
+    cache_config: CacheConfig, scheduler_config: SchedulerConfig | None = None
+) -> EngineLoop:
     return EngineLoop(
         EngineLoopConfig(
             engine_id="e1",
@@ -18,7 +21,7 @@ def make_loop(cache_config: CacheConfig) -> EngineLoop:
             namespace="test",
             plan_address="tcp://127.0.0.1:1",  # never bound: the link is not started
             result_address="tcp://127.0.0.1:2",
-            scheduler_config=SchedulerConfig(),
+            scheduler_config=scheduler_config or SchedulerConfig(),
             cache_config=cache_config,
         )
     )
@@ -45,3 +48,20 @@ def test_an_explicit_block_size_is_kept() -> None:
     attach(loop, WorkerHello(0, 1, num_blocks=40, block_size=32, max_model_len=512,
                              model="fake", pid=1))  # fmt: skip
     assert loop.scheduler is not None and loop.scheduler.block_size == 32
+
+
+def test_the_scheduler_adopts_the_workers_token_budget() -> None:
+    loop = make_loop(CacheConfig())
+    attach(loop, WorkerHello(0, 1, num_blocks=40, block_size=8, max_model_len=512,
+                             model="fake", pid=1, max_num_batched_tokens=512))  # fmt: skip
+    assert loop.scheduler is not None
+    assert loop.scheduler.config.max_num_batched_tokens == 512
+    assert loop._read_budget() > 0  # reads the built Scheduler's config, not the unset one
+
+
+def test_an_explicit_token_budget_is_kept() -> None:
+    loop = make_loop(CacheConfig(), SchedulerConfig(max_num_batched_tokens=4096))
+    attach(loop, WorkerHello(0, 1, num_blocks=40, block_size=8, max_model_len=512,
+                             model="fake", pid=1, max_num_batched_tokens=512))  # fmt: skip
+    assert loop.scheduler is not None
+    assert loop.scheduler.config.max_num_batched_tokens == 4096

@@ -36,7 +36,7 @@ def make_loop() -> EngineLoop:
             namespace="test",
             plan_address="tcp://127.0.0.1:1",
             result_address="tcp://127.0.0.1:2",
-            scheduler_config=SchedulerConfig(),
+            scheduler_config=SchedulerConfig(max_num_batched_tokens=2048),
             cache_config=CacheConfig(block_size=16, num_blocks=8),
         )
     )

@@ -398,6 +398,11 @@ def test_block_size_must_be_known() -> None:
         Scheduler(SchedulerConfig(), CacheConfig(num_blocks=8))
 
 
+def test_max_num_batched_tokens_must_be_known() -> None:
+    with pytest.raises(ValueError, match="max_num_batched_tokens must be set"):
+        Scheduler(SchedulerConfig(), CacheConfig(block_size=16, num_blocks=8))
+
+
 def test_stats_and_timeline() -> None:
     s = make_scheduler(num_blocks=8)
     w = worker_for(s)

@@ -1,6 +1,6 @@
 """The scheduler's worker link over real loopback sockets, with the test playing two worker
-ranks: readiness, refusals, adopting the workers' block size, results (stale ones dropped),
-and losing a rank."""
+ranks: readiness, refusals, adopting the workers' block size and token budget, results (stale
+ones dropped), and losing a rank."""
 
 from __future__ import annotations
 
@@ -18,8 +18,11 @@ from shared.transport import PlanSubscriber, ResultPusher
 ANY_PORT = "tcp://127.0.0.1:*"
 
 
-def hello(rank: int, num_blocks: int = 50, block_size: int = 16) -> WorkerHello:
-    return WorkerHello(rank, 2, num_blocks, block_size, 512, "fake", 100 + rank)
+def hello(
+    rank: int, num_blocks: int = 50, block_size: int = 16, max_num_batched_tokens: int = 512
+) -> WorkerHello:
+    return WorkerHello(rank, 2, num_blocks, block_size, 512, "fake", 100 + rank,
+                       max_num_batched_tokens)  # fmt: skip
 
 
 class FakeRank:
@@ -62,9 +65,15 @@ async def until(condition, timeout_s: float = 2.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def with_link(scenario, worker_timeout_s: float = 10.0, block_size: int | None = 16) -> None:
+async def with_link(
+    scenario,
+    worker_timeout_s: float = 10.0,
+    block_size: int | None = 16,
+    max_num_batched_tokens: int | None = None,
+) -> None:
     link = WorkerLink(ANY_PORT, ANY_PORT, world_size=2, block_size=block_size,
-                      worker_timeout_s=worker_timeout_s)  # fmt: skip
+                      worker_timeout_s=worker_timeout_s,
+                      max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
     link.start()
     context = zmq.Context()
     ranks = [FakeRank(context, link, r) for r in range(2)]
@@ -119,6 +128,43 @@ def test_without_a_block_size_the_first_hello_sets_it_for_good(
     ]
     assert len(refusals) == 2
     assert all("block_size 16 != the scheduler's 8" in message for message in refusals)
+
+
+def test_without_a_token_budget_the_first_accepted_hello_sets_it_and_others_may_differ(
+    caplog: pytest.LogCaptureFixture,
+):
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        assert link.max_num_batched_tokens is None
+        ranks[1].pusher.send(hello(1, block_size=32, max_num_batched_tokens=256))  # refused
+        assert not await link.wait_ready(0.3)
+        assert link.max_num_batched_tokens is None  # a refused hello sets nothing
+        ranks[1].pusher.send(hello(1, max_num_batched_tokens=512))
+        await until(lambda: link.max_num_batched_tokens is not None)
+        ranks[0].pusher.send(hello(0, max_num_batched_tokens=2048))  # accepted: only a budget
+        assert await link.wait_ready(2.0)
+        assert link.max_num_batched_tokens == 512
+        link.new_epoch()  # as after a lost worker: the adopted budget still holds
+        ranks[0].pusher.send(hello(0, max_num_batched_tokens=1024))
+        ranks[1].pusher.send(hello(1, max_num_batched_tokens=1024))
+        assert await link.wait_ready(2.0)
+        assert link.max_num_batched_tokens == 512
+
+    with caplog.at_level(logging.INFO, logger="services.scheduler.worker_link"):
+        asyncio.run(with_link(scenario))
+    adoptions = [r.getMessage() for r in caplog.records if "adopted" in r.getMessage()]
+    assert adoptions == ["max_num_batched_tokens 512: adopted from worker rank 1"]
+
+
+def test_an_explicit_token_budget_is_kept():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        ranks[0].pusher.send(hello(0, max_num_batched_tokens=512))
+        ranks[1].pusher.send(hello(1, max_num_batched_tokens=512))
+        assert await link.wait_ready(2.0)
+        assert link.max_num_batched_tokens == 4096
+
+    asyncio.run(with_link(scenario, max_num_batched_tokens=4096))
 
 
 def test_results_are_matched_to_their_step_and_stale_ones_dropped():

@@ -51,7 +51,7 @@ def make_plan() -> StepPlan:
         AbortRequest(["r1", "r2"], "client disconnected"),
         OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, None, 2, 2)]),
         StepResult(7, ["a", "b"], [10, 11], [-0.5, -1.0], [[[10, -0.5]], [[11, -1.0]]]),
-        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42),
+        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512),
         Heartbeat("worker:0", 12.5, 3),
         Shutdown("bye"),
     ],
