@@ -21,11 +21,19 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
 from typing import TextIO
 
 import redis
 
+from services.cli.discovery import (
+    Deployment,
+    DiscoveryError,
+    announce,
+    process_start_time,
+    withdraw,
+)
 from services.cli.health_probe import check_gateway
 from services.cli.launch_plan import (
     LOOPBACK,
@@ -66,6 +74,7 @@ class LocalCluster:
         self.gateways: list[Child] = []
         self._redis_dir: tempfile.TemporaryDirectory[str] | None = None
         self.socket_dir: str | None = None  # the engine's private ipc:// sockets
+        self._discovery_file: Path | None = None
         self._num_signals = 0
         self._model_dir = ""
         self.policy = RestartPolicy()
@@ -160,9 +169,27 @@ class LocalCluster:
         urls = ", ".join(f"{u}/v1" for u in self.gateway_urls)
         say(f"ready: {o.served_model_name or o.model} on {urls}")
         say(f"queue: pagedserve queue --redis-url {self.redis_url} --namespace {o.namespace}")
+        try:
+            self._discovery_file = announce(self._deployment())
+            say("(or `pagedserve queue` on this machine: it finds this deployment)")
+        except (OSError, DiscoveryError) as exc:
+            say(f"warning: `pagedserve queue` will not find this deployment by itself: {exc}")
         say(
             "press Ctrl-C to stop (open requests get "
             f"{o.shutdown_timeout:.0f} s to finish; Ctrl-C again to stop at once)"
+        )
+
+    def _deployment(self) -> Deployment:
+        pid = os.getpid()
+        start_time = process_start_time(pid)
+        assert start_time is not None  # we are running
+        return Deployment(
+            pid=pid,
+            start_time=start_time,
+            ports=self.ports.gateway_ports(self.options),
+            redis_url=self.redis_url,
+            namespace=self.options.namespace,
+            model=self.options.served_model_name or self.options.model,
         )
 
     def _watch(self) -> None:
@@ -221,6 +248,8 @@ class LocalCluster:
 
     def _shutdown(self) -> None:
         say = self.supervisor.say
+        if self._discovery_file is not None:
+            withdraw(self._discovery_file)
         if self.gateways:
             say(f"stopping: draining the gateway(s) (up to {self.options.shutdown_timeout:.0f} s)")
             drain_s = self.options.shutdown_timeout + ABORT_GRACE_S + GATEWAY_EXIT_MARGIN_S

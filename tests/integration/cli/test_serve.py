@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -21,7 +22,12 @@ import redis
 
 from services.cli.ports import free_port
 from services.cli.redis_launcher import RedisServer
-from tests.integration.cli.serve_process import ServeProcess, group_exists, is_alive
+from tests.integration.cli.serve_process import (
+    PAGEDSERVE,
+    ServeProcess,
+    group_exists,
+    is_alive,
+)
 from tests.integration.pipeline.served_model import build_served_model
 
 pytestmark = pytest.mark.integration
@@ -105,6 +111,8 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     for program in (b"services.scheduler", b"services.gpu_worker", b"services.gateway", b"redis"):
         assert any(program in command for command in commands), (program, commands)
     socket_dir = _private_socket_dir(commands)
+    found = _queue_without_redis_flags(serve)  # the discovery file leads `queue` to serve
+    assert found.returncode == 0 and "engines" in json.loads(found.stdout), found.stderr
 
     # A plain streamed chat completion.
     first = Stream(serve.base_url, "Hello there", 8)
@@ -145,6 +153,16 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert "stopped" in serve.log().splitlines()[-1]
     assert_nothing_left(serve)
     assert not socket_dir.exists()
+    gone = _queue_without_redis_flags(serve)
+    assert gone.returncode == 1 and f"no local pagedserve serve on port {serve.port}" in gone.stderr
+
+
+def _queue_without_redis_flags(serve: ServeProcess) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PAGEDSERVE_REDIS_URL")}
+    return subprocess.run(
+        [PAGEDSERVE, "queue", "--port", str(serve.port), "--json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
 
 
 def _private_socket_dir(commands: list[bytes]) -> Path:
