@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import asdict
 
@@ -20,7 +19,8 @@ from services.cli.queue_reader import (
     read_request,
 )
 from services.cli.queue_view import render_queue, render_request
-from shared.config import DEFAULT_NAMESPACE, RedisConfig, env_default
+from shared.config import DEFAULT_NAMESPACE, RedisConfig
+from shared.options import add_options, use
 
 LOCAL_REDIS = RedisConfig().url
 
@@ -33,16 +33,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "each engine's load and heartbeat, and the live gateways; `queue show ID` shows one "
         "request's state and timeline.",
     )
-    parser.add_argument(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL") or env_default("redis_url", "") or None,
-        help="default: $REDIS_URL, else the local `pagedserve serve`'s, else " + LOCAL_REDIS,
-    )
-    parser.add_argument(
-        "--namespace",
-        default=env_default("namespace", "") or None,
-        help=f"default: the local serve's, else {DEFAULT_NAMESPACE}",
-    )
+    add_options(
+        parser,
+        use("redis_url", default=None, env_aliases=("REDIS_URL",),
+            help=f"default: $REDIS_URL, else the local `pagedserve serve`'s, else {LOCAL_REDIS}"),
+        use("namespace", default=None,
+            help=f"default: the local serve's, else {DEFAULT_NAMESPACE}"),
+    )  # fmt: skip
     parser.add_argument("--port", type=int, default=None, help="the local serve on this port")
     parser.add_argument("--list", action="store_true", help="list the local serve deployments")
     parser.add_argument("--json", action="store_true", help="machine-readable output")

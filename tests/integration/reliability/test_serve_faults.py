@@ -134,3 +134,59 @@ def _healthy(serve: ServeProcess) -> bool:
         )
     except httpx.HTTPError:
         return False
+
+
+async def streams_through_a_redis_stall(
+    serve: ServeProcess, stall_s: float, health_answers: list[tuple[int, float]]
+) -> list[StreamResult]:
+    """60 greedy streams; Redis SIGSTOPped for `stall_s` once each has some text, /health
+    probed (status, seconds to answer) during the stall."""
+    body = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
+    urls = [serve.base_url, f"http://127.0.0.1:{serve.port + 1}"]
+    results = [StreamResult() for _ in PROMPTS]
+    timeout = httpx.Timeout(STREAM_TIMEOUT_S + stall_s, connect=10)
+    limits = httpx.Limits(max_connections=NUM_STREAMS + 10)
+    redis_pid = victim_pid(serve, "redis")
+    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+        tasks = [
+            asyncio.create_task(
+                stream_completion(client, urls[i % 2], {**body, "prompt": p}, results[i])
+            )
+            for i, p in enumerate(PROMPTS)
+        ]
+        while not all(r.first_piece_at for r in results):
+            assert not any(t.done() for t in tasks), [r for r in results if r.done]
+            await asyncio.sleep(0.02)
+        os.kill(redis_pid, signal.SIGSTOP)
+        try:
+            stalled_until = time.monotonic() + stall_s
+            while time.monotonic() < stalled_until:
+                health_answers.append(await asyncio.to_thread(_timed_health, serve.base_url))
+                await asyncio.sleep(5)
+        finally:
+            os.kill(redis_pid, signal.SIGCONT)
+        await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S + 30)
+    return results
+
+
+def _timed_health(base_url: str) -> tuple[int, float]:
+    start = time.monotonic()
+    try:
+        status = httpx.get(f"{base_url}/health", timeout=10).status_code
+    except httpx.HTTPError:
+        status = 0
+    return status, time.monotonic() - start
+
+
+def test_a_60_s_redis_stall_loses_nothing_and_health_answers_503_fast(
+    serve: ServeProcess, expected: list[str], burning_cpus
+) -> None:
+    """Needs the gateway to tell its own blindness from engine death (issue 13 item 4)."""
+    health_answers: list[tuple[int, float]] = []
+    redis_restarts = restart_count(serve, "redis")
+    results = asyncio.run(streams_through_a_redis_stall(serve, 60.0, health_answers))
+    lost = [(i, r.error) for i, r in enumerate(results) if not (r.error is None and r.done)]
+    assert lost == [], f"{len(lost)} lost across the stall: {lost[:3]}"
+    assert [i for i, r in enumerate(results) if r.text != expected[i]] == []
+    assert health_answers and all(s == 503 and t < 1.0 for s, t in health_answers), health_answers
+    assert restart_count(serve, "redis") == redis_restarts  # a stall is not a death
