@@ -75,25 +75,39 @@ def restart_count(serve: ServeProcess, victim: str) -> int:
     return serve.log().count(f"restarted {victim} (pid")
 
 
-async def streams_through_a_kill(serve: ServeProcess, victim: str) -> list[StreamResult]:
-    """60 greedy streams over both gateways; SIGKILL `victim` once each has some text."""
+async def start_streams(
+    client: httpx.AsyncClient, serve: ServeProcess, results: list[StreamResult]
+) -> list[asyncio.Task]:
+    """60 greedy streams over both gateways; returns once each has some text."""
     body = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
     urls = [serve.base_url, f"http://127.0.0.1:{serve.port + 1}"]
+    tasks = [
+        asyncio.create_task(
+            stream_completion(client, urls[i % 2], {**body, "prompt": p}, results[i])
+        )
+        for i, p in enumerate(PROMPTS)
+    ]
+    deadline = time.monotonic() + 120
+    while not all(r.first_piece_at for r in results):
+        assert time.monotonic() < deadline, "streams did not all start within 120 s"
+        ended = [(r.status, r.error) for r, t in zip(results, tasks, strict=True) if t.done()]
+        assert not ended, f"{len(ended)} streams ended before the fault: {ended[:3]}"
+        await asyncio.sleep(0.02)
+    return tasks
+
+
+def new_client(timeout_s: float) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        timeout=httpx.Timeout(timeout_s, connect=10),
+        limits=httpx.Limits(max_connections=NUM_STREAMS + 10),
+    )
+
+
+async def streams_through_a_kill(serve: ServeProcess, victim: str) -> list[StreamResult]:
+    """60 greedy streams; SIGKILL `victim` once each has some text."""
     results = [StreamResult() for _ in PROMPTS]
-    timeout = httpx.Timeout(STREAM_TIMEOUT_S, connect=10)
-    limits = httpx.Limits(max_connections=NUM_STREAMS + 10)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        tasks = [
-            asyncio.create_task(
-                stream_completion(client, urls[i % 2], {**body, "prompt": p}, results[i])
-            )
-            for i, p in enumerate(PROMPTS)
-        ]
-        deadline = time.monotonic() + 120
-        while not all(r.first_piece_at for r in results):
-            assert time.monotonic() < deadline, "streams did not all start within 120 s"
-            assert not any(t.done() for t in tasks), [r for r in results if r.done]
-            await asyncio.sleep(0.02)
+    async with new_client(STREAM_TIMEOUT_S) as client:
+        tasks = await start_streams(client, serve, results)
         assert not all(t.done() for t in tasks), "every stream ended before the kill"
         os.kill(victim_pid(serve, victim), signal.SIGKILL)
         killed_at = time.monotonic()
@@ -141,22 +155,10 @@ async def streams_through_a_redis_stall(
 ) -> list[StreamResult]:
     """60 greedy streams; Redis SIGSTOPped for `stall_s` once each has some text, /health
     probed (status, seconds to answer) during the stall."""
-    body = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
-    urls = [serve.base_url, f"http://127.0.0.1:{serve.port + 1}"]
     results = [StreamResult() for _ in PROMPTS]
-    timeout = httpx.Timeout(STREAM_TIMEOUT_S + stall_s, connect=10)
-    limits = httpx.Limits(max_connections=NUM_STREAMS + 10)
     redis_pid = victim_pid(serve, "redis")
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-        tasks = [
-            asyncio.create_task(
-                stream_completion(client, urls[i % 2], {**body, "prompt": p}, results[i])
-            )
-            for i, p in enumerate(PROMPTS)
-        ]
-        while not all(r.first_piece_at for r in results):
-            assert not any(t.done() for t in tasks), [r for r in results if r.done]
-            await asyncio.sleep(0.02)
+    async with new_client(STREAM_TIMEOUT_S + stall_s) as client:
+        tasks = await start_streams(client, serve, results)
         os.kill(redis_pid, signal.SIGSTOP)
         try:
             stalled_until = time.monotonic() + stall_s
