@@ -250,15 +250,20 @@ class LocalCluster:
         say = self.supervisor.say
         if self._discovery_file is not None:
             withdraw(self._discovery_file)
-        if self.gateways:
+        # A child awaiting its restart is dead and reaped: its pid (and group) may be reused.
+        gateways, engine, redis_ = (
+            [c for c in role if not self._is_pending(c)]
+            for role in (self.gateways, self.engine, self.redis)
+        )
+        if gateways:
             say(f"stopping: draining the gateway(s) (up to {self.options.shutdown_timeout:.0f} s)")
             drain_s = self.options.shutdown_timeout + ABORT_GRACE_S + GATEWAY_EXIT_MARGIN_S
-            self.supervisor.stop(self.gateways, drain_s)
-        if self.engine:
+            self.supervisor.stop(gateways, drain_s)
+        if engine:
             say("stopping: the scheduler and workers")
-            self.supervisor.stop(list(reversed(self.engine)), ENGINE_STOP_TIMEOUT_S)
-        if self.redis:
-            self.supervisor.stop(self.redis, REDIS_STOP_TIMEOUT_S)
+            self.supervisor.stop(list(reversed(engine)), ENGINE_STOP_TIMEOUT_S)
+        if redis_:
+            self.supervisor.stop(redis_, REDIS_STOP_TIMEOUT_S)
         self.supervisor.kill_all()  # anything started and not yet stopped
         if self._redis_dir is not None:
             self._redis_dir.cleanup()
