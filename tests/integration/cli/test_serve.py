@@ -121,7 +121,7 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert first.finish_reasons() == ["length"] and first.text()
 
     # `pagedserve queue --json` while requests run shows them.
-    streams = [Stream(serve.base_url, f"story {i}", 100) for i in range(3)]
+    streams = [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
     seen_ids: set[str] = set()
     deadline = time.monotonic() + 60
     while not seen_ids and time.monotonic() < deadline:
