@@ -59,7 +59,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="default: what the workers report (their device's default)",
     )
     p.add_argument("--no-prefix-caching", action="store_true", default=_flag("no_prefix_caching"))
-    p.add_argument("--worker-timeout", type=float, default=float(e("worker_timeout", "10")))
+    p.add_argument(
+        "--worker-timeout",
+        type=float,
+        default=float(e("worker_timeout", "10")),
+        help="seconds without a heartbeat after which a worker rank is lost",
+    )
+    p.add_argument(
+        "--step-timeout",
+        type=float,
+        default=float(e("step_timeout", "60")),
+        help="seconds a step's result may take (a worker that heartbeats is alive meanwhile)",
+    )
     p.add_argument("--drain-timeout", type=float, default=float(e("drain_timeout", "5")))
     p.add_argument(
         "--worker-recovery-timeout",
@@ -92,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             tensor_parallel_size=args.tensor_parallel_size,
             worker_timeout_s=args.worker_timeout,
-            max_model_len=args.max_model_len,
+            step_timeout_s=args.step_timeout,
             drain_timeout_s=args.drain_timeout,
             worker_recovery_timeout_s=args.worker_recovery_timeout,
         )

@@ -18,12 +18,13 @@ from collections import deque
 from collections.abc import Iterable
 
 from services.scheduler.errors import RequestRejectedError
+from services.scheduler.finish_rules import FINISH_ABORT, FINISH_ERROR, check_stop
 from services.scheduler.integrity_checker import check_integrity
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_queue import make_request_queue
+from services.scheduler.request_validator import validate_request
 from services.scheduler.stats import SchedulerStats
-from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, check_stop
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import (
     ERROR_ENGINE,
@@ -41,7 +42,10 @@ RUNNING = RequestStatus.RUNNING
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, vocab_size: int = 0
+    ) -> None:
+        """`vocab_size` > 0: prompt and stop token ids must be below it."""
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be set (the workers report it)")
         if cache_config.block_size is None:
@@ -51,6 +55,7 @@ class Scheduler:
                 "scheduler_config.max_num_batched_tokens must be set (the workers report it)"
             )
         self.config = scheduler_config
+        self.vocab_size = vocab_size
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks
         self.kv = KVCacheManager(
@@ -105,7 +110,7 @@ class Scheduler:
         for request in reversed(victims):
             self._preempt(request)
         # The workers' KV is gone with their state, so no cached block may be hit any more.
-        self.kv.pool.reset_prefix_cache()
+        self.kv.reset_prefix_cache()
         return len(victims)
 
     def reset_prefix_cache(self) -> None:
@@ -119,7 +124,7 @@ class Scheduler:
                 f"({len(self.running)} running, {len(self.waiting)} waiting): "
                 "finish or abort them first"
             )
-        self.kv.pool.reset_prefix_cache()
+        self.kv.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -260,20 +265,18 @@ class Scheduler:
         return seq
 
     def _cached_seq(self, request: Request, num_new: int, step_id: int) -> CachedSequence:
-        table = self.kv.req_to_blocks[request.request_id]
-        num_blocks = len(table)
+        num_blocks = self.kv.num_blocks_held(request.request_id)
         new_block_ids = (
-            [b.block_id for b in table[request.num_sent_blocks :]]
+            self.kv.get_block_ids(request.request_id, start=request.num_sent_blocks)
             if request.num_sent_blocks < num_blocks
             else []
         )
-        # Positional: this runs once per running sequence per step.
         seq = CachedSequence(
-            request.request_id,
-            request.all_token_ids[request.num_sent_tokens :],
-            new_block_ids,
-            request.num_computed_tokens,
-            num_new,
+            seq_id=request.request_id,
+            new_token_ids=request.all_token_ids[request.num_sent_tokens :],
+            new_block_ids=new_block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
         )
         self._mark_sent(request, num_new, num_blocks, step_id)
         return seq
@@ -337,17 +340,14 @@ class Scheduler:
                 stop_token_id=token_id if is_stop_token else None,
             )
         num_prompt = request.num_prompt_tokens
-        return TokenDelta(  # positional: once per sampled sequence per step
-            request.request_id,
-            token_ids,
-            logprobs,
-            top_logprobs,
-            None,
-            None,
-            None,
-            num_prompt,
-            len(request.all_token_ids) - num_prompt,
-            max(request.num_cached_tokens, 0),
+        return TokenDelta(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            num_prompt_tokens=num_prompt,
+            num_output_tokens=len(request.all_token_ids) - num_prompt,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
         )
 
     def _fail_unsampled(self, scheduled: list[Request]) -> list[TokenDelta]:
@@ -394,13 +394,10 @@ class Scheduler:
         rid = request.request_id
         if rid in self.requests:
             raise RequestRejectedError(f"request id {rid!r} is already in use")
+        validate_request(request, self.vocab_size)
         num_prompt = len(request.prompt_token_ids)
         if num_prompt == 0:
             raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
-        try:
-            request.sampling.validate()
-        except ValueError as exc:
-            raise RequestRejectedError(f"request {rid!r}: invalid sampling params: {exc}") from exc
         max_tokens = request.sampling.max_tokens
         max_len = self.config.max_model_len
         if num_prompt + max_tokens > max_len:

@@ -45,10 +45,14 @@ class FakeModel:
     block_size = 16
     max_model_len = 128
     max_num_batched_tokens = 2048
+    vocab_size = 1000
 
     def __init__(self, step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s
         self.seqs: dict[str, int] = {}  # seq id -> number of known tokens
+
+    def drop_all(self) -> None:
+        self.seqs.clear()
 
     def execute(self, plan: StepPlan) -> StepResult:
         time.sleep(self.step_delay_s)
@@ -105,7 +109,7 @@ class EngineHarness:
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while self.engine.scheduler is None:
+        while self.engine.serving is None:
             assert time.monotonic() < deadline, "the engine never attached its worker"
             time.sleep(0.02)
 
