@@ -5,8 +5,10 @@ told. Four verbs as in vLLM v1: `add_request`, `schedule`, `update_from_output`,
 Each step runs the running sequences first (one decode token each, or the next chunk of a
 partially prefilled prompt), then admits waiting ones (prefix-cache hits first), within
 `max_num_seqs` and `max_num_batched_tokens`. A running sequence that needs a block when none is
-free preempts the newest running sequence (itself, if it is the newest): its blocks are freed
-and it goes back to the head of the waiting queue, to be recomputed later. A plan is never
+free preempts the newest running sequence (itself, if it is the newest; under the priority
+policy the lowest-priority one, even one already planned this step, which is then taken out of
+the plan): its blocks are freed and it goes back to the head of the waiting queue, to be
+recomputed later. A plan is never
 sent without every block it needs already allocated.
 """
 
@@ -180,34 +182,43 @@ class Scheduler:
     # -- scheduling helpers -------------------------------------------------------------------
 
     def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
-        cached_seqs: list[CachedSequence] = []
-        i = 0
-        while i < len(self.running) and token_budget > 0:
-            request = self.running[i]
+        planned: dict[str, CachedSequence] = {}  # in running order
+        num_done = 0  # running[:num_done] are dealt with this step
+        while num_done < len(self.running) and token_budget > 0:
+            request = self.running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
-            if num_new <= 0:  # its sample is still in flight
-                i += 1
-                continue
-            if not self._allocate_or_preempt(request, num_new, i):
-                continue  # it preempted itself; running[i] is now the next one
-            token_budget -= num_new
-            cached_seqs.append(self._cached_seq(request, num_new, step_id))
-            i += 1
-        return cached_seqs, token_budget
+            if num_new > 0:  # else its sample is still in flight
+                for victim, index in self._allocate_or_preempt(request, num_new):
+                    num_done -= index < num_done
+                    unplanned = planned.pop(victim.request_id, None)
+                    if unplanned is not None:  # preempted after it was planned this step
+                        token_budget += unplanned.num_scheduled_tokens
+                if request.status is not RUNNING:
+                    continue  # it preempted itself; running[num_done] is now the next one
+                token_budget -= num_new
+                planned[request.request_id] = self._cached_seq(request, num_new, step_id)
+            num_done += 1
+        return list(planned.values()), token_budget
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, first_unscheduled: int) -> bool:
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
+        """Allocate `request`'s slots, preempting victims until they fit; returns each victim
+        with its index in `running` before it left (the request itself last, if it went)."""
+        victims = []
         while self.kv.allocate_slots(request, num_new) is None:
-            victim = self._pick_victim(first_unscheduled)
-            self.running.remove(victim)
+            victim = self._pick_victim()
+            index = self.running.index(victim)
+            del self.running[index]
             self._preempt(victim)
+            victims.append((victim, index))
             if victim is request:
-                return False
-        return True
+                break
+        return victims
 
-    def _pick_victim(self, first_unscheduled: int) -> Request:
+    def _pick_victim(self) -> Request:
+        """fcfs: the newest running request. priority: the lowest priority (largest value),
+        newest among equals, among all running ones - planned this step or not (vLLM)."""
         if self.config.policy == "priority":
-            candidates = self.running[first_unscheduled:]
-            return max(candidates, key=lambda r: (r.priority, r.arrival_index))
+            return max(self.running, key=lambda r: (r.priority, r.arrival_index))
         return self.running[-1]
 
     def _preempt(self, request: Request) -> None:

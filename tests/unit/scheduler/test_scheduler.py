@@ -353,6 +353,39 @@ def test_priority_policy_admits_lower_priority_value_first() -> None:
     assert [n.seq_id for n in s.schedule().new_seqs] == ["urgent"]
 
 
+def test_priority_preemption_evicts_the_lowest_priority_even_if_already_planned() -> None:
+    """vLLM's rule: the victim is the running request with the largest (priority, arrival),
+    here the low-priority one that arrived first and was already planned this step."""
+    s = make_scheduler(num_blocks=5, block_size=4, policy="priority")
+    w = FakeWorker(5, 4)
+    s.add_request(make_request("low", 7, max_tokens=8, priority=5))
+    run_step(s, w)  # low: 2 blocks, 8 tokens known
+    s.add_request(make_request("high", [200 + i for i in range(7)], max_tokens=8, priority=0))
+    run_step(s, w)  # high: 2 blocks (no prefix shared); 1 block left
+    plan, _ = run_step(s, w)  # low's 9th token takes the last block
+    assert plan.preempted_seq_ids == [] and s.kv.num_free_blocks == 0
+    plan, deltas = run_step(s, w)  # high needs a 3rd block: low goes, high keeps running
+    assert plan.preempted_seq_ids == ["low"]
+    assert [c.seq_id for c in plan.cached_seqs] == ["high"]
+    assert [d.request_id for d in deltas] == ["high"]
+    assert s.get_request("low").num_preemptions == 1
+    assert s.get_request("high").num_preemptions == 0
+    assert [r.request_id for r in s.running] == ["high"]
+
+
+def test_fcfs_preemption_still_evicts_the_newest() -> None:
+    s = make_scheduler(num_blocks=5, block_size=4)
+    w = FakeWorker(5, 4)
+    s.add_request(make_request("old", 7, max_tokens=8, priority=5))
+    run_step(s, w)
+    s.add_request(make_request("new", [200 + i for i in range(7)], max_tokens=8, priority=0))
+    run_step(s, w)
+    run_step(s, w)
+    plan, _ = run_step(s, w)
+    assert plan.preempted_seq_ids == ["new"]
+    assert [r.request_id for r in s.running] == ["old"]
+
+
 @pytest.mark.parametrize(
     ("request_kwargs", "message"),
     [
