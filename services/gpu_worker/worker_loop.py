@@ -161,7 +161,10 @@ class WorkerLoop:
                 "worker %d: step %d failed:\n%s", self.rank, plan.step_id, traceback.format_exc()
             )
             result = StepResult(
-                plan.step_id, [], [], error=f"worker {self.rank}: {type(exc).__name__}: {exc}"
+                step_id=plan.step_id,
+                seq_ids=[],
+                token_ids=[],
+                error=f"worker {self.rank}: {type(exc).__name__}: {exc}",
             )
         if self.rank == 0 and result is not None:
             pusher.send(result)

@@ -77,7 +77,10 @@ class Ledger:
         self.inflight[request.request_id] = Inflight(entry.entry_id, request.gateway_id)
         reason = self._abort_reason(request)
         if reason is not None:
-            self.collect([TokenDelta(request.request_id, [], finish_reason="abort", error=reason)])
+            aborted = TokenDelta(
+                request_id=request.request_id, token_ids=[], finish_reason="abort", error=reason
+            )
+            self.collect([aborted])
             return
         try:
             self.scheduler.add_request(request)

@@ -387,7 +387,7 @@ class Scheduler:
         self._num_finished += 1
         delta_fields.setdefault("token_ids", [])
         return TokenDelta(
-            request.request_id,
+            request_id=request.request_id,
             finish_reason=reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
