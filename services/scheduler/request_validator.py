@@ -69,7 +69,7 @@ def _sampling_problems(sampling: SamplingParams, vocab_size: int) -> list[str]:
 def validate_request(request: GenerateRequest, vocab_size: int) -> None:
     """Raise `RequestRejectedError` naming what is wrong with `request`'s fields: their types,
     its prompt's token ids (`vocab_size` > 0: each must be below it) and sampling parameters.
-    Lengths against the engine's limits are the Scheduler's to check."""
+    Lengths against the engine's limits: `check_fits`."""
     rid = request.request_id
     prompt = request.prompt_token_ids
     if not isinstance(prompt, list) or not all(_is_int(t) for t in prompt):
@@ -91,4 +91,29 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
     if problems:
         raise RequestRejectedError(
             f"request {rid!r}: invalid sampling params: {'; '.join(problems)}"
+        )
+
+
+def check_fits(
+    request: GenerateRequest, max_model_len: int, block_size: int, num_blocks: int
+) -> None:
+    """Raise `RequestRejectedError` if `request` (already validated) could never run on an
+    engine of this size: an empty prompt, or prompt + max_tokens beyond the length limit or
+    the whole KV cache."""
+    rid = request.request_id
+    num_prompt = len(request.prompt_token_ids)
+    if num_prompt == 0:
+        raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
+    max_tokens = request.sampling.max_tokens
+    if num_prompt + max_tokens > max_model_len:
+        raise RequestRejectedError(
+            f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+            f"exceeds max_model_len ({max_model_len})"
+        )
+    num_needed = -(-(num_prompt + max_tokens) // block_size)
+    if num_needed > num_blocks:
+        raise RequestRejectedError(
+            f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+            f"needs {num_needed} KV blocks of {block_size} tokens but the whole cache "
+            f"has {num_blocks}"
         )

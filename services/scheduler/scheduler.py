@@ -25,7 +25,7 @@ from services.scheduler.integrity_checker import check_integrity
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_queue import make_request_queue
-from services.scheduler.request_validator import validate_request
+from services.scheduler.request_validator import check_fits, validate_request
 from services.scheduler.stats import SchedulerStats
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import (
@@ -402,27 +402,10 @@ class Scheduler:
     # -- validation, stats, invariants -----------------------------------------------------------
 
     def _validate(self, request: GenerateRequest) -> None:
-        rid = request.request_id
-        if rid in self.requests:
-            raise RequestRejectedError(f"request id {rid!r} is already in use")
+        if request.request_id in self.requests:
+            raise RequestRejectedError(f"request id {request.request_id!r} is already in use")
         validate_request(request, self.vocab_size)
-        num_prompt = len(request.prompt_token_ids)
-        if num_prompt == 0:
-            raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
-        max_tokens = request.sampling.max_tokens
-        max_len = self.config.max_model_len
-        if num_prompt + max_tokens > max_len:
-            raise RequestRejectedError(
-                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                f"exceeds max_model_len ({max_len})"
-            )
-        num_blocks = self.kv.num_blocks_for(num_prompt + max_tokens)
-        if num_blocks > self.num_blocks:
-            raise RequestRejectedError(
-                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                f"needs {num_blocks} KV blocks of {self.block_size} tokens but the whole cache "
-                f"has {self.num_blocks}"
-            )
+        check_fits(request, self.config.max_model_len, self.block_size, self.num_blocks)
 
     def stats(self) -> SchedulerStats:
         num_free = self.kv.num_free_blocks
