@@ -26,7 +26,8 @@ SCHEDULER_OPTIONS = (
     use("max_model_len", help="default: the smallest the workers report"),
     "max_waiting", "policy",
     use("block_size", help="default: what the workers report (their device's default)"),
-    "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout", "worker_recovery_timeout",
+    "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout",
+    "worker_recovery_timeout",
 )  # fmt: skip
 
 
