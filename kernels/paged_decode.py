@@ -15,12 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import (
-    load_kv_tile,
-    online_softmax_step,
-    tile_scores,
-    tile_weighted_values,
-)
+from kernels.attention_tile import attend_kv_range
 from kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -101,42 +96,32 @@ def paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_PAD], dtype=tl.float32)
-    n = tl.arange(0, TILE_N)
-    for tile_start in range(kv_start, kv_end, TILE_N):
-        positions = tile_start + n
-        valid = positions < kv_end
-        k = load_kv_tile(
-            k_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_kn,
-            stride_kb,
-            stride_kh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        scores = tile_scores(q, k, UPCAST) * scale_log2  # [GROUP_PAD, TILE_N]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        # Every tile holds >= 1 valid position, so m_new is finite and alpha well defined.
-        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
-        v = load_kv_tile(
-            v_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_vn,
-            stride_vb,
-            stride_vh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        acc = acc * alpha[:, None] + tile_weighted_values(p, v, UPCAST)
-        m_i = m_new
+    m_i, l_i, acc = attend_kv_range(
+        q,
+        0,  # no causal mask: the new token sees its whole context
+        m_i,
+        l_i,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        kv_start,
+        kv_end,
+        scale_log2,
+        stride_kn,
+        stride_kb,
+        stride_kh,
+        stride_vn,
+        stride_vb,
+        stride_vh,
+        False,
+        BLOCK_SIZE,
+        HEAD_DIM,
+        HEAD_PAD,
+        TILE_N,
+        UPCAST,
+    )
 
     if SPLIT:
         # A split past the end of a short sequence saw no keys: output 0 with weight 0.
