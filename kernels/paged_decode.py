@@ -38,7 +38,10 @@ MIN_TILES_PER_SPLIT = 4
 MAX_SPLITS = 32
 
 
-@triton.jit
+# Values that change from step to step are not specialised on (Triton would otherwise compile
+# a variant per divisibility class), so the kernels warmed up before serving are the ones that
+# serve. `block_tables` rows are as wide as the step's longest sequence needs.
+@triton.jit(do_not_specialize=["tiles_per_split", "stride_bt"])
 def paged_decode_kernel(
     out_ptr,  # [B, Hq, D]; with SPLIT: partial outputs [B, Hq, S, D] fp32
     lse_ptr,  # with SPLIT: [B, Hq, S] fp32, log2-sum-exp2 of each split; else unused
@@ -138,14 +141,14 @@ def paged_decode_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     partial_ptr,  # [B, Hq, S, D] fp32, contiguous
     lse_ptr,  # [B, Hq, S] fp32, contiguous; -inf for splits without keys
     stride_ob,
     stride_oh,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,  # S: a runtime value, so one compiled variant serves every S up to SPLITS_PAD
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
@@ -156,11 +159,11 @@ def paged_decode_reduce_kernel(
     s = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_PAD)
     row = seq * num_heads + head
-    lse = tl.load(lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
     # Split 0 always holds keys (seq_len >= 1), so the max is finite.
     weights = tl.exp2(lse - tl.max(lse, 0))  # [SPLITS_PAD]
-    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
-    partial_ptrs = partial_ptr + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :]
+    mask = (s[:, None] < num_splits) & (d[None, :] < HEAD_DIM)
+    partial_ptrs = partial_ptr + (row * num_splits + s[:, None]) * HEAD_DIM + d[None, :]
     partial = tl.load(partial_ptrs, mask=mask, other=0.0)  # [SPLITS_PAD, HEAD_PAD]
     out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
     out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + d
@@ -289,7 +292,7 @@ def paged_decode_attention(
             partial,
             lse,
             *out.stride()[:2],
-            NUM_SPLITS=num_splits,
+            num_splits,
             SPLITS_PAD=next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
             HEAD_PAD=next_power_of_2(head_dim),

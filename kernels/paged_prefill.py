@@ -41,7 +41,9 @@ TILE_TOKENS = 64
 PREFILL_GRIDS = ("flat", "padded")
 
 
-@triton.jit
+# `block_tables` rows are as wide as the step's longest sequence needs: not specialised on, so
+# one compiled variant serves every step (see `paged_decode`).
+@triton.jit(do_not_specialize=["stride_bt"])
 def paged_prefill_kernel(
     out_ptr,  # [T, Hq, D]
     query_ptr,  # [T, Hq, D], stride 1 in D, packed by query_start_loc

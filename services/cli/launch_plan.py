@@ -116,6 +116,7 @@ def worker_spec(options: ServeOptions, model_dir: str, ports: Ports, rank: int) 
         "--gpu-memory-utilization", options.gpu_memory_utilization,
         "--attention-backend", options.attention_backend,
         "--device", options.device,
+        "--max-num-seqs", options.max_num_seqs,
     )  # fmt: skip
     argv += _device_default_args(options)
     if options.kv_cache_memory is not None:

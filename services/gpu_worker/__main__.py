@@ -52,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="tokens computed in one step; default: 512 on CPU, 2048 on CUDA",
     )
     p.add_argument(
+        "--max-num-seqs",
+        type=_optional_int,
+        default=e("max_num_seqs", ""),
+        help="sampler rows of the worst step the CUDA memory profile runs; default 256",
+    )
+    p.add_argument(
         "--scheduler-timeout",
         type=float,
         default=float(e("scheduler_timeout", "10")),
@@ -91,6 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         attention_backend=args.attention_backend,
         max_num_batched_tokens=args.max_num_batched_tokens,
         show_progress=args.rank == 0,
+        max_num_seqs=args.max_num_seqs,
     )
     loop = WorkerLoop(
         runner,

@@ -19,20 +19,9 @@ from kernels.paged_prefill import (
 )
 from services.gpu_worker.attention.base import build_attention_metadata
 from services.gpu_worker.attention.triton_backend import WORK_ITEMS_KEY, TritonAttentionBackend
+from tests.kernels.launch_recorder import LaunchRecorder
 from tests.kernels.oracle import dense_causal_attention_f64
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
-
-
-class LaunchRecorder:
-    """Stands in for a @triton.jit kernel: records each launch grid, then launches."""
-
-    def __init__(self, kernel: object) -> None:
-        self.kernel = kernel
-        self.grids: list[tuple[int, ...]] = []
-
-    def __getitem__(self, grid: tuple[int, ...]) -> object:
-        self.grids.append(tuple(grid))
-        return self.kernel[grid]
 
 
 def test_work_items_list_existing_tiles_heaviest_first() -> None:
@@ -79,6 +68,7 @@ def test_mixed_step_programs_follow_the_tiles_and_match_the_f64_oracle(
     for grid in ("flat", "padded"):
         out = paged_prefill_attention(*args, *locs, grid=grid, out=poisoned_like(case.query))
         torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
+    assert recorder.values_of("FLAT_GRID") == [True, False]
     flat_programs, padded_programs = (math.prod(g) for g in recorder.grids)
     assert flat_programs == 2 * (math.ceil(40 / 16) + 6) == 18
     assert padded_programs == 2 * 7 * math.ceil(40 / 16) == 42
