@@ -326,6 +326,7 @@ def build_app(
                 GatewayMiddleware,
                 api_key=config.api_key,
                 metrics_require_key=config.metrics_require_key,
+                gateway_id=client.gateway_id,
             ),
         ],
         exception_handlers={HTTPException: _http_error},
