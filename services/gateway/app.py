@@ -169,8 +169,8 @@ class GatewayRoutes:
                 code="model_not_found",
             )
 
-    async def models(self, request: Request) -> Response:
-        card = {
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.config.model_name,
             "object": "model",
             "created": self.created,
@@ -178,7 +178,14 @@ class GatewayRoutes:
             "root": self.config.model,
             "max_model_len": self.info.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the client's `models.retrieve`."""
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(self._model_card())
 
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request, self.config.max_body_bytes))
@@ -313,6 +320,7 @@ def build_app(
     app = Starlette(
         routes=[
             Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),

@@ -4,7 +4,7 @@ the bound it broke (like TGI's "`top_p` must be > 0.0 and <= 1.0").
 Only shape and range are checked here; what needs the tokenizer (prompt length against
 max_model_len, token ids against the vocabulary) is checked in `request_builder`.
 Unknown fields are ignored, as OpenAI's SDKs send extras; fields we cannot honour
-(`echo`, `suffix`, `logit_bias`, `tools`, ...) are refused rather than silently dropped.
+(`suffix`, `tools`, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
@@ -22,17 +22,19 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # top alternatives per token (the engine's bound)
 MAX_MESSAGES = 1024
-SEED_LIMIT = 2**63  # seeds live in [0, 2**63); choice i uses (seed + i) % SEED_LIMIT
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
+SEED_LIMIT = 2**64  # choice i uses (seed + i) % SEED_LIMIT: every int64 maps to its own seed
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
 PRIORITY_LIMIT = 2**31
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-UNSUPPORTED = ("echo", "suffix", "logit_bias", "tools", "functions", "response_format")
+UNSUPPORTED = ("suffix", "tools", "functions")
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
     """The sampling fields shared by completions and chat, validated."""
 
-    max_tokens: int | None  # None: up to the model length
+    max_tokens: int | None  # None: up to the model length; 0: prompt only (after the prefill)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -189,12 +191,27 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise bad_request("`best_of` is not supported (only best_of == n)", "best_of")
 
 
+def _read_response_format(body: dict[str, Any]) -> None:
+    """`{"type": "text"}` is the default every client may send: a no-op."""
+    value = body.get("response_format")
+    if value is None or (isinstance(value, dict) and value.get("type") == "text"):
+        return
+    raise bad_request(
+        '`response_format` is not supported by this server (only {"type": "text"})',
+        "response_format",
+    )
+
+
 def read_sampling(
-    body: dict[str, Any], max_tokens_name: str, logprobs: int | None
+    body: dict[str, Any],
+    max_tokens_name: str,
+    logprobs: int | None,
+    default_max_tokens: int | None = None,
 ) -> SamplingOptions:
     """The sampling fields common to both endpoints."""
     _refuse_unsupported(body)
-    max_tokens = read_int(body, max_tokens_name, None, 1, 2**31 - 1)
+    _read_response_format(body)
+    max_tokens = read_int(body, max_tokens_name, default_max_tokens, 0, 2**31 - 1)
     temperature = read_float(body, "temperature", 1.0, 0.0, 2.0)
     top_k = read_int(body, "top_k", -1, -1, 2**31 - 1)
     min_tokens = read_int(body, "min_tokens", 0, 0, 2**31 - 1)
@@ -212,7 +229,7 @@ def read_sampling(
         presence_penalty=read_float(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=read_float(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True),
-        seed=read_int(body, "seed", None, 0, SEED_LIMIT - 1),
+        seed=read_int(body, "seed", None, SEED_MIN, SEED_MAX),
         stop=read_stop(body),
         stop_token_ids=read_stop_token_ids(body),
         ignore_eos=read_bool(body, "ignore_eos", False),
@@ -279,7 +296,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     return CompletionRequest(
         model=_read_model(body),
         prompts=_read_prompts(body),
-        sampling=read_sampling(body, "max_tokens", logprobs),
+        sampling=read_sampling(body, "max_tokens", logprobs, COMPLETION_DEFAULT_MAX_TOKENS),
         stream=stream,
         include_usage=include_usage,
     )

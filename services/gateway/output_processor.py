@@ -49,7 +49,9 @@ class ChoiceProcessor:
         delta = self.replay_guard.admit(delta)
         self.num_prompt_tokens = max(self.num_prompt_tokens, delta.num_prompt_tokens)
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
-        self.num_output_tokens += len(delta.token_ids)
+        # the sampled stop token (EOS or a stop_token_ids hit) is not shown, but it was
+        # generated: OpenAI and vLLM count it in usage
+        self.num_output_tokens += len(delta.token_ids) + (delta.stop_token_id is not None)
         pieces, logprobs = self._detokenize(delta)
         if delta.finished:
             pieces.append(self.detokenizer.finish())

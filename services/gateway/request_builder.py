@@ -8,11 +8,14 @@ import time
 from dataclasses import dataclass
 
 from services.gateway.errors import bad_request
-from services.gateway.openai_schema import ChatRequest, CompletionRequest, SamplingOptions
+from services.gateway.openai_schema import (
+    SEED_LIMIT,
+    ChatRequest,
+    CompletionRequest,
+    SamplingOptions,
+)
 from services.gateway.tokenizer import TokenizerInfo
 from shared.protocol import GenerateRequest, SamplingParams
-
-SEED_LIMIT = 2**63
 
 
 @dataclass(frozen=True)
@@ -62,20 +65,23 @@ def check_lengths(
     param: str,
     prompt_param: str = "prompt",
 ) -> None:
-    """A 400 saying both numbers when a prompt cannot fit with its max_tokens."""
+    """A 400 in vLLM's words (clients parse "maximum context length is (\\d+) tokens") when a
+    prompt cannot fit with its max_tokens."""
     for prompt in prompts:
         num_prompt = len(prompt.token_ids)
         if num_prompt >= max_model_len:
             raise bad_request(
-                f"the prompt has {num_prompt} tokens, which leaves no room in this model's "
-                f"maximum context length of {max_model_len} tokens",
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {num_prompt} tokens in the messages (the prompt), which leaves no "
+                "room for the completion. Please reduce the length of the messages.",
                 prompt_param,
             )
         if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
             raise bad_request(
-                f"this model's maximum context length is {max_model_len} tokens, but "
-                f"{num_prompt} prompt tokens + {options.max_tokens} for `{param}` = "
-                f"{num_prompt + options.max_tokens} were requested",
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {num_prompt + options.max_tokens} tokens ({num_prompt} in the "
+                f"messages, {options.max_tokens} in the completion). Please reduce the length "
+                f"of the messages or completion (`{param}`).",
                 param,
             )
 
@@ -101,7 +107,9 @@ def sampling_params(
                 f"`stop_token_ids` holds {token_id}, outside [0, {info.vocab_size})",
                 "stop_token_ids",
             )
-    max_tokens = options.max_tokens or info.max_model_len - num_prompt_tokens
+    max_tokens = options.max_tokens
+    if max_tokens is None:
+        max_tokens = info.max_model_len - num_prompt_tokens
     seed = choice_seed(options, choice)
     return SamplingParams(
         temperature=options.temperature,

@@ -12,6 +12,7 @@ sent without every block it needs already allocated.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -23,7 +24,7 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_queue import make_request_queue
 from services.scheduler.stats import SchedulerStats
-from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, check_stop
+from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, check_stop
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import (
     ERROR_ENGINE,
@@ -311,10 +312,17 @@ class Scheduler:
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
                 continue
+            prompt_logprobs = result.prompt_logprobs[i] if result.prompt_logprobs else None
+            if request.sampling.max_tokens == 0:  # prompt only: done after the prefill
+                deltas.append(self._finish(request, FINISH_LENGTH, prompt_logprobs=prompt_logprobs))
+                continue
             request.all_token_ids.append(token_id)
             if request.first_token_time is None:
                 request.first_token_time = now
-            deltas.append(self._token_delta(request, token_id, i, result))
+            delta = self._token_delta(request, token_id, i, result)
+            if prompt_logprobs is not None:
+                delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
+            deltas.append(delta)
         return deltas
 
     def _token_delta(
