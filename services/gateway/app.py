@@ -50,7 +50,7 @@ from services.gateway.request_builder import (
     tokenize_chat,
     tokenize_completion,
 )
-from services.gateway.response_formatter import ResponseFormatter
+from services.gateway.response_formatter import PromptView, ResponseFormatter
 from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 from services.gateway.tokenizer import TokenizerInfo
 
@@ -214,11 +214,18 @@ class GatewayRoutes:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(response_id, prompts, options, self.info, self.client.gateway_id)
         want_logprobs = options.logprobs is not None
-        processors = [ChoiceProcessor(self.info, options.stop, want_logprobs) for _ in requests]
+        output = parsed.output
+        processors = [
+            ChoiceProcessor(self.info, options.stop, want_logprobs,
+                            skip_special_tokens=output.skip_special_tokens,
+                            include_stop_str_in_output=output.include_stop_str_in_output)
+            for _ in requests
+        ]  # fmt: skip
         session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
         formatter = ResponseFormatter(
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
-            want_logprobs,
+            want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
+            options.n, options.logprobs or 0,
         )  # fmt: skip
         await session.submit()
         try:
@@ -246,7 +253,8 @@ class GatewayRoutes:
             while not session.finished:
                 for index, update in await session.receive():
                     if update.text or update.logprobs or update.finish_reason:
-                        yield sse_event(formatter.chunk(index, update))
+                        processor = session.processors[index]
+                        yield sse_event(formatter.chunk(index, update, processor))
             if include_usage:
                 yield sse_event(formatter.usage_chunk(session.usage()))
         except APIError as exc:
@@ -286,6 +294,26 @@ class GatewayRoutes:
         now = time.time()
         live = [s for s in statuses if self.client.is_live(s, now)]
         return Response(self.metrics.render(live), media_type=CONTENT_TYPE)
+
+
+def prompt_views(
+    parsed: CompletionRequest | ChatRequest, prompts: list[PromptInput], info: TokenizerInfo
+) -> list[PromptView]:
+    """Each prompt's ids and, with `echo`, the text to repeat: a completion prompt as sent
+    (decoded when sent as ids or truncated); for chat, the last message when it is the
+    assistant's (vLLM)."""
+    if not parsed.output.echo:
+        return [PromptView(p.token_ids) for p in prompts]
+    if isinstance(parsed, ChatRequest):
+        last = parsed.messages[-1]
+        text = last.content if last.role == "assistant" else ""
+        return [PromptView(p.token_ids, text) for p in prompts]
+    views = []
+    for sent, prompt in zip(parsed.prompts, prompts, strict=True):
+        as_sent = isinstance(sent, str) and parsed.output.truncate_prompt_tokens is None
+        text = sent if as_sent else info.tokenizer.decode(prompt.token_ids)
+        views.append(PromptView(prompt.token_ids, text))
+    return views
 
 
 async def _collect(session: CompletionSession) -> None:

@@ -9,11 +9,19 @@ Unknown fields are ignored, as OpenAI's SDKs send extras; fields we cannot honou
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.errors import bad_request
+from services.gateway.vllm_options import (
+    OutputOptions,
+    read_chat_template_kwargs,
+    read_continue_final_message,
+    read_logit_bias,
+    read_output_options,
+)
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
@@ -50,6 +58,8 @@ class SamplingOptions:
     logprobs: int | None = None  # None: none; k: the sampled token's plus top k
     n: int = 1
     priority: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: int | None = None  # what the engine computes (echo + logprobs asks too)
 
 
 @dataclass(frozen=True)
@@ -59,6 +69,7 @@ class CompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
+    output: OutputOptions = field(default_factory=OutputOptions)
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,9 @@ class ChatRequest:
     include_usage: bool = False
     add_generation_prompt: bool = True
     max_tokens_param: str = "max_tokens"  # which name the client used, for error messages
+    output: OutputOptions = field(default_factory=OutputOptions)
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,7 +251,19 @@ def read_sampling(
         logprobs=logprobs,
         n=read_int(body, "n", 1, 1, MAX_N),
         priority=read_int(body, "priority", 0, -PRIORITY_LIMIT, PRIORITY_LIMIT - 1),
+        logit_bias=read_logit_bias(body),
     )
+
+
+def with_prompt_logprobs(sampling: SamplingOptions, output: OutputOptions) -> SamplingOptions:
+    """The engine computes prompt logprobs for `prompt_logprobs`, and for `echo` with
+    `logprobs` (the echoed prompt tokens carry theirs, as in vLLM)."""
+    wanted = [k for k in (output.prompt_logprobs,) if k is not None]
+    if output.echo and sampling.logprobs is not None:
+        wanted.append(sampling.logprobs)
+    if not wanted:
+        return sampling
+    return dataclasses.replace(sampling, prompt_logprobs=max(wanted))
 
 
 def _read_model(body: dict[str, Any]) -> str | None:
@@ -293,12 +319,15 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise bad_request("the request body must be a JSON object")
     logprobs = read_int(body, "logprobs", None, 0, MAX_LOGPROBS)
     stream, include_usage = _read_stream(body)
+    output = read_output_options(body, stream)
+    sampling = read_sampling(body, "max_tokens", logprobs, COMPLETION_DEFAULT_MAX_TOKENS)
     return CompletionRequest(
         model=_read_model(body),
         prompts=_read_prompts(body),
-        sampling=read_sampling(body, "max_tokens", logprobs, COMPLETION_DEFAULT_MAX_TOKENS),
+        sampling=with_prompt_logprobs(sampling, output),
         stream=stream,
         include_usage=include_usage,
+        output=output,
     )
 
 
@@ -357,12 +386,20 @@ def parse_chat_request(body: Any) -> ChatRequest:
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     stream, include_usage = _read_stream(body)
+    output = read_output_options(body, stream)
+    add_generation_prompt = read_bool(body, "add_generation_prompt", True)
     return ChatRequest(
         model=_read_model(body),
         messages=_read_messages(body),
-        sampling=read_sampling(body, name, logprobs),
+        # chat's echo repeats a message's text, never prompt tokens' logprobs
+        sampling=with_prompt_logprobs(
+            read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False)
+        ),
         stream=stream,
         include_usage=include_usage,
-        add_generation_prompt=read_bool(body, "add_generation_prompt", True),
+        add_generation_prompt=add_generation_prompt,
         max_tokens_param=name,
+        output=output,
+        continue_final_message=read_continue_final_message(body, add_generation_prompt),
+        chat_template_kwargs=read_chat_template_kwargs(body),
     )

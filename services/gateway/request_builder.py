@@ -25,6 +25,14 @@ class PromptInput:
     token_ids: list[int]
 
 
+def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: keep the last `keep` tokens (-1: the model's limit)."""
+    if keep is None:
+        return token_ids
+    keep = max_model_len if keep == -1 else keep
+    return token_ids[-keep:]
+
+
 def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list[PromptInput]:
     prompts = []
     for index, prompt in enumerate(request.prompts):
@@ -40,7 +48,8 @@ def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list
             token_ids = list(prompt)
         if not token_ids:
             raise bad_request(f"prompt {index} tokenizes to no tokens", "prompt")
-        prompts.append(PromptInput(token_ids=token_ids))
+        keep = request.output.truncate_prompt_tokens
+        prompts.append(PromptInput(token_ids=truncate_prompt(token_ids, keep, info.max_model_len)))
     return prompts
 
 
@@ -50,12 +59,18 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     try:
         text = info.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=request.add_generation_prompt, tokenize=False
+            messages,
+            add_generation_prompt=request.add_generation_prompt,
+            continue_final_message=request.continue_final_message,
+            tokenize=False,
+            **request.chat_template_kwargs,
         )
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     # The template writes the special tokens itself; adding them again would double the BOS.
-    return [PromptInput(token_ids=info.tokenizer.encode(text, add_special_tokens=False))]
+    token_ids = info.tokenizer.encode(text, add_special_tokens=False)
+    keep = request.output.truncate_prompt_tokens
+    return [PromptInput(token_ids=truncate_prompt(token_ids, keep, info.max_model_len))]
 
 
 def check_lengths(
@@ -107,6 +122,12 @@ def sampling_params(
                 f"`stop_token_ids` holds {token_id}, outside [0, {info.vocab_size})",
                 "stop_token_ids",
             )
+    for token_id, _ in options.logit_bias:
+        if token_id >= info.vocab_size:
+            raise bad_request(
+                f"`logit_bias` names token {token_id}, outside [0, {info.vocab_size})",
+                "logit_bias",
+            )
     max_tokens = options.max_tokens
     if max_tokens is None:
         max_tokens = info.max_model_len - num_prompt_tokens
@@ -126,6 +147,8 @@ def sampling_params(
         eos_token_ids=info.eos_token_ids,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
+        prompt_logprobs=options.prompt_logprobs,
+        logit_bias=options.logit_bias,
     )
 
 
