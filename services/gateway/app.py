@@ -252,7 +252,12 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if update.text or update.logprobs or update.finish_reason:
+                    if (
+                        update.text
+                        or update.logprobs
+                        or update.finish_reason
+                        or (update.token_ids and formatter.output.return_token_ids)
+                    ):
                         processor = session.processors[index]
                         yield sse_event(formatter.chunk(index, update, processor))
             if include_usage:

@@ -58,13 +58,12 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         raise bad_request("this model has no chat template: use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     try:
-        text = info.tokenizer.apply_chat_template(
-            messages,
-            add_generation_prompt=request.add_generation_prompt,
-            continue_final_message=request.continue_final_message,
-            tokenize=False,
-            **request.chat_template_kwargs,
-        )
+        template_kwargs = {
+            "add_generation_prompt": request.add_generation_prompt,
+            "continue_final_message": request.continue_final_message,
+            **request.chat_template_kwargs,  # the client's win, as in vLLM
+        }
+        text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     # The template writes the special tokens itself; adding them again would double the BOS.
