@@ -52,6 +52,7 @@ from services.gateway.request_builder import (
 )
 from services.gateway.response_formatter import PromptView, ResponseFormatter
 from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
+from services.gateway.tokenize_routes import TokenizeRoutes
 from services.gateway.tokenizer import TokenizerInfo
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class GatewayRoutes:
         self.config = config
         self.info = info
         self.client = client
-        self.metrics = GatewayMetrics(config.model_name)
+        self.metrics = GatewayMetrics(config.model_name, info.max_model_len)
         self.created = int(time.time())
 
     def _check_model(self, model: str | None) -> None:
@@ -341,6 +342,9 @@ def build_app(
     """The ASGI app. The engine client starts and stops with the app's lifespan; with a
     `drainer`, requests are refused with 503 once it starts draining."""
     routes = GatewayRoutes(config, info, client)
+    tokenize_routes = TokenizeRoutes(
+        info, lambda request: read_json(request, config.max_body_bytes), routes._check_model
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -359,6 +363,9 @@ def build_app(
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics_text, methods=["GET"]),
             Route("/openapi.json", routes.openapi, methods=["GET"]),
+            Route("/tokenize", tokenize_routes.tokenize, methods=["POST"]),
+            Route("/detokenize", tokenize_routes.detokenize, methods=["POST"]),
+            Route("/version", tokenize_routes.version, methods=["GET"]),
         ],
         middleware=[
             *([Middleware(DrainMiddleware, drainer=drainer)] if drainer else []),

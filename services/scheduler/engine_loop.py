@@ -511,6 +511,8 @@ class EngineLoop:
             num_preemptions=stats.num_preemptions,
             num_finished=stats.num_finished,
             num_steps=stats.num_steps,
+            iteration_tokens=self.scheduler.iteration_tokens.encode(),
+            block_size=self.scheduler.block_size,
         )
 
     async def _status_forever(self) -> None:

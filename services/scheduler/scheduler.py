@@ -26,6 +26,7 @@ from services.scheduler.request_queue import make_request_queue
 from services.scheduler.stats import SchedulerStats
 from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, check_stop
 from shared.config import CacheConfig, SchedulerConfig
+from shared.iteration_histogram import IterationHistogram
 from shared.protocol import (
     ERROR_ENGINE,
     CachedSequence,
@@ -71,6 +72,7 @@ class Scheduler:
         self._num_steps = 0
         self._prefix_cache_queries = 0
         self._prefix_cache_hits = 0
+        self.iteration_tokens = IterationHistogram()  # tokens per step, for metrics
 
     # -- requests in and out -------------------------------------------------------------------
 
@@ -158,6 +160,7 @@ class Scheduler:
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         self._num_steps += 1
+        self.iteration_tokens.observe(plan.num_scheduled_tokens)
         scheduled = self._live_scheduled(plan)
         if result.error is not None:
             deltas = [

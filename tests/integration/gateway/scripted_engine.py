@@ -107,6 +107,8 @@ class ScriptedEngine:
         self.redis.xdel(self.keys.requests, entry_id)
 
     def _answer(self, entry_id: bytes, request: GenerateRequest) -> None:
+        # what the real scheduler records on first scheduling (queue/prefill time metrics)
+        self.redis.hset(self.keys.request(request.request_id), "scheduled_at", time.time())
         prompt = self.tokenizer.decode(request.prompt_token_ids)
         num_prompt = len(request.prompt_token_ids)
         error = re.search(r"\[error:(\w+)\]", prompt)

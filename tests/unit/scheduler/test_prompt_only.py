@@ -45,3 +45,13 @@ def test_prompt_logprobs_requests_skip_the_prefix_cache():
     plan, _ = run_step(s, w)
     computed = {n.seq_id: n.num_computed_tokens for n in plan.new_seqs}
     assert computed == {"b": 0, "c": 12}
+
+
+def test_each_step_records_its_scheduled_tokens_for_iteration_metrics():
+    s = make_scheduler(num_blocks=8, block_size=4, max_num_batched_tokens=4)
+    w = FakeWorker(s.num_blocks, s.block_size)
+    s.add_request(make_request("a", 6, max_tokens=2))
+    sizes = [run_step(s, w)[0].num_scheduled_tokens for _ in range(3)]  # 4, 2, then 1 decode
+    assert sizes == [4, 2, 1]
+    assert (s.iteration_tokens.num, s.iteration_tokens.total) == (3, 7)
+    assert s.iteration_tokens.encode().split(",")[:2] == ["1", "3"]  # <= 1: one; <= 8: all
