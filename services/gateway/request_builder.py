@@ -37,7 +37,8 @@ def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list
     prompts = []
     for index, prompt in enumerate(request.prompts):
         if isinstance(prompt, str):
-            token_ids = info.tokenizer.encode(prompt)
+            add_special = request.output.add_special_tokens
+            token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special is not False)
         else:
             bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
             if bad is not None:
@@ -67,7 +68,10 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     # The template writes the special tokens itself; adding them again would double the BOS.
-    token_ids = info.tokenizer.encode(text, add_special_tokens=False)
+    # (unless the client asks, as vLLM's `add_special_tokens` lets it)
+    token_ids = info.tokenizer.encode(
+        text, add_special_tokens=bool(request.output.add_special_tokens)
+    )
     keep = request.output.truncate_prompt_tokens
     return [PromptInput(token_ids=truncate_prompt(token_ids, keep, info.max_model_len))]
 

@@ -23,6 +23,20 @@ from services.gateway.errors import bad_request
 MAX_PROMPT_LOGPROBS = 20
 MAX_LOGIT_BIAS_ENTRIES = 1024
 LOGIT_BIAS_LIMIT = 100.0
+# vLLM parameters this server cannot honour: refused (400 naming them) unless sent with the
+# value that means "off", so that nobody believes they took effect.
+REFUSED_UNLESS_OFF: dict[str, tuple[Any, str]] = {
+    "use_beam_search": (False, "beam search is not implemented"),
+    "length_penalty": (1.0, "it only applies to beam search, which is not implemented"),
+    "bad_words": ([], "bad-word banning is not implemented (logit_bias bans single tokens)"),
+    "allowed_token_ids": (None, "it is not implemented (logit_bias can steer tokens)"),
+    "return_tokens_as_token_ids": (False, "logprob tokens are always shown as text"),
+    "spaces_between_special_tokens": (True, "the fast tokenizers decode only this way"),
+    "prompt_embeds": (None, "prompts are token ids or text only"),
+    "lora_request": (None, "LoRA adapters are not supported"),
+    "logits_processors": (None, "custom logits processors are not supported"),
+    "cache_salt": (None, "the prefix cache is shared by every request"),
+}
 # chat_template_kwargs may not override what the gateway itself passes to the template
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {"conversation", "messages", "tokenize", "return_dict", "chat_template", "tools"}
@@ -38,6 +52,7 @@ class OutputOptions:
     return_token_ids: bool = False
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
+    add_special_tokens: bool | None = None  # None: the endpoint's default (vLLM's)
     continuous_usage_stats: bool = False
     truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens; -1: the limit
 
@@ -90,8 +105,21 @@ def _continuous_usage_stats(body: dict[str, Any]) -> bool:
     return _bool(options, "continuous_usage_stats", False)
 
 
+def refuse_unsupported_vllm_options(body: dict[str, Any]) -> None:
+    for name, (off, reason) in REFUSED_UNLESS_OFF.items():
+        value = body.get(name)
+        if value is not None and value != off and value != []:
+            raise bad_request(f"`{name}` is not supported by this server: {reason}", name)
+
+
 def read_output_options(body: dict[str, Any], stream: bool) -> OutputOptions:
+    refuse_unsupported_vllm_options(body)
     return OutputOptions(
+        add_special_tokens=(
+            None
+            if body.get("add_special_tokens") is None
+            else _bool(body, "add_special_tokens", True)
+        ),
         echo=_bool(body, "echo", False),
         prompt_logprobs=read_prompt_logprobs(body, stream),
         return_token_ids=_bool(body, "return_token_ids", False),
