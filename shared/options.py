@@ -118,6 +118,8 @@ OPTIONS: dict[str, Option] = {
         Option("--no-enable-prefix-caching", True, switch=True, dest_name="enable_prefix_caching"),
         Option("--worker-timeout", 10.0, float,
                help="seconds without a worker's heartbeat before it counts as lost"),
+        Option("--step-timeout", 60.0, float,
+               help="seconds a step's result may take (a worker that heartbeats is alive)"),
         Option("--drain-timeout", 5.0, float),
         Option("--worker-recovery-timeout", 60.0, float,
                help="seconds without workers after which unfinished requests are failed"),

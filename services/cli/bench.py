@@ -101,6 +101,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hf.add_argument("--hf-dtype", default="auto", help="auto | bfloat16 | float32")
     hf.add_argument("--hf-batch-sizes", type=_int_list, default=[4, 16, 32])
     hf.add_argument("--hf-threads", type=int, default=None, help="torch threads (default: all)")
+    hf.add_argument(
+        "--hf-device", choices=["cpu", "cuda"], default="cpu", help="where HF generate runs"
+    )
     parser.set_defaults(func=run)
 
 

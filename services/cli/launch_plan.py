@@ -134,6 +134,7 @@ def worker_spec(
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "kv_cache_memory": options.kv_cache_memory,
         "max_model_len": options.max_model_len,
+        "max_num_seqs": options.max_num_seqs,
     })  # fmt: skip
     return ChildSpec(
         f"worker{rank}",

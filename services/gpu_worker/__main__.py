@@ -17,6 +17,7 @@ WORKER_OPTIONS = (
     "plan_address", "result_address", "master_addr", "master_port",
     "block_size", "kv_cache_memory", "num_blocks", "gpu_memory_utilization",
     "attention_backend", "device", "max_model_len", "max_num_batched_tokens", "scheduler_timeout",
+    use("max_num_seqs", help="sampler rows of the worst step the CUDA memory profile runs"),
 )  # fmt: skip
 
 
@@ -57,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
         attention_backend=args.attention_backend,
         max_num_batched_tokens=args.max_num_batched_tokens,
         show_progress=args.rank == 0,
+        max_num_seqs=args.max_num_seqs,
     )
     loop = WorkerLoop(
         runner,

@@ -26,7 +26,8 @@ SCHEDULER_OPTIONS = (
     use("max_model_len", help="default: the smallest the workers report"),
     "max_waiting", "policy",
     use("block_size", help="default: what the workers report (their device's default)"),
-    "no_prefix_caching", "worker_timeout", "drain_timeout", "worker_recovery_timeout",
+    "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout",
+    "worker_recovery_timeout",
 )  # fmt: skip
 
 
@@ -60,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             tensor_parallel_size=args.tensor_parallel_size,
             worker_timeout_s=args.worker_timeout,
-            max_model_len=args.max_model_len,
+            step_timeout_s=args.step_timeout,
             drain_timeout_s=args.drain_timeout,
             worker_recovery_timeout_s=args.worker_recovery_timeout,
         )

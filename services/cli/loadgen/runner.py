@@ -282,8 +282,11 @@ def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str
     from services.gpu_worker.model_runner import resolve_dtype
 
     hf_dir = ensure_model(args.hf_model) if args.hf_model else model_dir
-    dtype = resolve_dtype(args.hf_dtype, torch.device("cpu"))
-    return run_hf_baseline(hf_dir, requests, dtype, args.hf_batch_sizes, threads=args.hf_threads)
+    device = getattr(args, "hf_device", "cpu")
+    dtype = resolve_dtype(args.hf_dtype, torch.device(device))
+    return run_hf_baseline(
+        hf_dir, requests, dtype, args.hf_batch_sizes, threads=args.hf_threads, device=device
+    )
 
 
 def run_from_args(args: Any) -> int:
