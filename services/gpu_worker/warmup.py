@@ -133,7 +133,9 @@ def attention_variants(
         seq_lens, query_lens, [[0], [second_block]], shape.block_size, device
     )
     query, key, value = packed_qkv(3, shape, dtype, device)
-    work_items = build_work_items(query_lens, seq_lens, shape.num_heads, shape.num_kv_heads, device)
+    work_items = build_work_items(
+        query_lens, seq_lens, shape.num_heads, shape.num_kv_heads, dtype, device
+    )
     cache_args = (k_cache, v_cache, metadata.block_tables)
     decode_query = query[metadata.query_start_list[1] :]  # sequence 1's token
     decode_args = (decode_query, *cache_args[:2], metadata.block_tables[1:], metadata.seq_lens[1:])
