@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test test-unit test-integration test-kernels test-reliability lint format bench bench-kernels device-check clean
+.PHONY: install serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ test-kernels: install
 
 test-reliability: install
 	$(BIN)/python -m pytest tests/integration/reliability $(PYTEST_ARGS)
+
+# The compose deployment for real (README "Deployment with Docker Compose"): installs and starts
+# Docker when missing, builds the base images, wheelhouse and CPU image, then scales, serves,
+# fails over and tears down. Minutes of CPU: not part of `make test`.
+test-compose: install
+	$(BIN)/python -m pytest -m compose tests/compose -v $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

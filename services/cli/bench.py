@@ -1,4 +1,4 @@
-"""`pagedserve bench`: load-test an OpenAI-compatible server (see `benchmarks/serve.py`)."""
+"""`pagedserve bench`: load-test an OpenAI-compatible server (`services/cli/loadgen/`)."""
 
 from __future__ import annotations
 
@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchmarks.serve import BenchError, run_from_args
+    from services.cli.loadgen.runner import BenchError, run_from_args
 
     try:
         return run_from_args(args)

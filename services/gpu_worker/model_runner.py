@@ -218,6 +218,10 @@ class ModelRunner:
 
     # ------------------------------------------------------------------ steps
 
+    def drop_all(self) -> None:
+        """Forget every sequence: the scheduler starts a new epoch from empty state."""
+        self.seqs.clear()
+
     def _apply_plan(self, plan: StepPlan) -> list[SequenceState]:
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)

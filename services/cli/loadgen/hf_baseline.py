@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from benchmarks.latency_stats import distribution
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.latency_stats import distribution
+from services.cli.loadgen.workload import BenchRequest
 
 
 def load_hf_model(
