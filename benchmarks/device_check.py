@@ -86,13 +86,13 @@ def preflight(
     """Raise PreflightError unless a CUDA device and every required module are there."""
     if not cuda_available():
         raise PreflightError(
-            "device-check needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
+            "it needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
             "False); the CPU-side checks are `make test-kernels`"
         )
     missing = sorted(pkg for module, pkg in REQUIRED_MODULES.items() if find_module(module) is None)
     if missing:
         raise PreflightError(
-            f"device-check needs these Python packages, which are not installed: "
+            f"it needs these Python packages, which are not installed: "
             f"{', '.join(missing)} (pip install them, or carry their wheels)"
         )
 
