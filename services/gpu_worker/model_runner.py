@@ -28,6 +28,11 @@ from services.gpu_worker.kv_cache import (
 )
 from services.gpu_worker.model_loader import load_model
 from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
+from services.gpu_worker.prompt_logprobs import (
+    PromptSlice,
+    collect_prompt_logprobs,
+    prompt_slice,
+)
 from services.gpu_worker.sampler import SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
 from services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
@@ -37,7 +42,7 @@ from shared.config import (
     default_block_size,
     default_max_num_batched_tokens,
 )
-from shared.protocol import StepPlan, StepResult
+from shared.protocol import PromptLogprobs, StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -98,6 +103,7 @@ class _StepInputs:
     positions: torch.Tensor  # [T]
     sampled: list[SequenceState]
     sample_index: torch.Tensor  # [S] rows of the hidden states to sample from
+    prompt_slices: list[PromptSlice]  # rows that predict prompt tokens (prompt_logprobs)
 
 
 class ModelRunner:
@@ -245,7 +251,14 @@ class ModelRunner:
         positions: list[int] = []
         sampled: list[SequenceState] = []
         sample_rows: list[int] = []
+        prompt_slices: list[PromptSlice] = []
         for state in scheduled:
+            piece = prompt_slice(
+                state.prompt_logprobs, state.token_ids, state.num_computed_tokens,
+                state.num_scheduled_tokens, len(token_ids),
+            )  # fmt: skip
+            if piece is not None:
+                prompt_slices.append(piece)
             token_ids.extend(state.scheduled_token_ids())
             positions.extend(range(state.num_computed_tokens, state.seq_len_after_step))
             if state.is_sampled:
@@ -263,6 +276,7 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             sampled=sampled,
             sample_index=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
+            prompt_slices=prompt_slices,
         )
         return inputs, metadata
 
@@ -275,6 +289,8 @@ class ModelRunner:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
         hidden = self.model(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        if inputs.prompt_slices:  # every rank: computing logits gathers over ranks
+            collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
         if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         logits = self.model.compute_logits(hidden[inputs.sample_index])  # all ranks: gather
@@ -294,4 +310,11 @@ class ModelRunner:
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
             execute_time_s=time.perf_counter() - start,
+            prompt_logprobs=_take_prompt_logprobs(inputs.sampled),
         )
+
+
+def _take_prompt_logprobs(sampled: list[SequenceState]) -> list[PromptLogprobs | None] | None:
+    """Per sampled sequence, its whole prompt's logprobs the first time it samples."""
+    taken = [s.prompt_logprobs.take() if s.prompt_logprobs else None for s in sampled]
+    return taken if any(t is not None for t in taken) else None

@@ -82,6 +82,8 @@ class StatusReporter:
             num_preemptions=stats.num_preemptions,
             num_finished=stats.num_finished,
             num_steps=stats.num_steps,
+            iteration_tokens=self._scheduler.iteration_tokens.encode(),
+            block_size=self._scheduler.block_size,
         )
 
     def _workers_alive(self) -> bool:
