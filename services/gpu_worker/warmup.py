@@ -42,8 +42,8 @@ class AttentionShape:
 
 def sampler_rows(num_rows: int, vocab_size: int) -> list[SamplingRow]:
     """`num_rows` rows that together take every branch of `sample`: greedy and random rows,
-    penalties over a prompt and an output, top-k/top-p/min-p, seeded and unseeded draws,
-    the min_tokens mask, and logprobs with the most alternatives allowed."""
+    penalties over a prompt and an output, a logit bias, top-k/top-p/min-p, seeded and
+    unseeded draws, the min_tokens mask, and logprobs with the most alternatives allowed."""
     history = list(range(min(vocab_size, 8)))
     kinds = [
         SamplingParams(temperature=0.0),
@@ -58,6 +58,7 @@ def sampler_rows(num_rows: int, vocab_size: int) -> list[SamplingRow]:
             frequency_penalty=0.5,
             logprobs=MAX_LOGPROBS,
             seed=0,
+            logit_bias=((history[-1], 0.5),),
         ),
         SamplingParams(temperature=1.0, min_tokens=4, eos_token_ids=(0,), logprobs=0),
     ]

@@ -95,6 +95,7 @@ def test_sampler_rows_take_every_branch() -> None:
     assert any(p.repetition_penalty != 1.0 and p.top_k > 0 and p.top_p < 1 for p in params)
     assert any(p.seed is not None for p in params) and any(p.seed is None for p in params)
     assert any(p.min_tokens > 0 for p in params)
+    assert any(p.logit_bias for p in params)
 
 
 @pytest.mark.parametrize(("num_tokens", "max_num_seqs"), [(40, 16), (12, 64)])
