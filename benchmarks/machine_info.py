@@ -1,6 +1,11 @@
 """What a benchmark result must say about the machine it came from: the CPU model, its ISA
-flags that matter for our kernels, the ISA caps set for the run (ONEDNN_MAX_CPU_ISA,
-ATEN_CPU_CAPABILITY emulate an older CPU), the kernel capability torch picked, and the load."""
+flags that matter for our kernels, the ISA caps set for the run, the kernel capability torch
+picked, and the load.
+
+An AVX2-only machine is emulated on a newer one with three caps, one per library that picks
+its kernels at run time: ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN: bf16 and packed linears),
+ATEN_CPU_CAPABILITY=avx2 (torch's own vectorized ops) and MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL,
+which runs every float32 linear: without this cap they still use AVX-512)."""
 
 from __future__ import annotations
 
@@ -10,7 +15,13 @@ from pathlib import Path
 from typing import Any
 
 ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
-ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "OMP_WAIT_POLICY")
+ISA_ENV = (
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+)
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:

@@ -10,7 +10,7 @@ level). Greedy texts of the first `--num-check` requests are compared across ser
 The CPU's ISA (lscpu flags, torch's kernel capability, ONEDNN_MAX_CPU_ISA /
 ATEN_CPU_CAPABILITY as set for the run) and the load average are recorded with the result.
 
-    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 \\
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
       python -m benchmarks.vs_transformers_serve --num-prompts 48 --out benchmarks/results/vs_tf
 """
 
@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.e2e_flops import fraction_of_flop_limit, measured_rate, model_dims, workload_flops
 from benchmarks.greedy_check import check_summary, greedy_texts
 from benchmarks.machine_info import machine_info
 from benchmarks.serve import (
@@ -78,13 +79,20 @@ def run_transformers(args: argparse.Namespace, model_dir: Path, *plan: Any) -> d
         return measure_server(server.endpoint(), *plan)
 
 
-def level_comparison(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, Any]:
-    """One level: throughput ratio and both servers' TTFT / TPOT p50 and p99 (ms)."""
+def level_comparison(
+    ours: dict[str, Any], theirs: dict[str, Any], flops: float, flops_per_s: float
+) -> dict[str, Any]:
+    """One level: throughput ratio, each server's share of the FLOP limit (`flops`: the
+    level's useful FLOPs) and both servers' TTFT / TPOT p50 and p99 (ms)."""
     row: dict[str, Any] = {
         "max_concurrency": ours["max_concurrency"],
         "pagedserve_tok_s": ours["output_throughput"],
         "transformers_tok_s": theirs["output_throughput"],
         "speedup": ours["output_throughput"] / theirs["output_throughput"],
+        "pagedserve_flop_fraction": fraction_of_flop_limit(flops, ours["duration_s"], flops_per_s),
+        "transformers_flop_fraction": fraction_of_flop_limit(
+            flops, theirs["duration_s"], flops_per_s
+        ),
     }
     for metric in ("ttft_ms", "tpot_ms"):
         for q in ("p50", "p99"):
@@ -95,27 +103,66 @@ def level_comparison(ours: dict[str, Any], theirs: dict[str, Any]) -> dict[str, 
     return row
 
 
-def compare(ours: dict[str, Any], theirs: dict[str, Any]) -> list[dict[str, Any]]:
-    return [level_comparison(a, b) for a, b in zip(ours["runs"], theirs["runs"], strict=True)]
+def compare(
+    ours: dict[str, Any], theirs: dict[str, Any], flops: float, flops_per_s: float
+) -> list[dict[str, Any]]:
+    pairs = zip(ours["runs"], theirs["runs"], strict=True)
+    return [level_comparison(a, b, flops, flops_per_s) for a, b in pairs]
+
+
+HEADER = [
+    "| in flight | pagedserve tok/s | transformers tok/s | ratio | % of FLOP limit (ours / theirs) "
+    "| TTFT p50 ms (ours / theirs) | TTFT p99 | TPOT p50 | TPOT p99 |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _pair(row: dict[str, Any], key: str) -> str:
+    a, b = row[key]["pagedserve"], row[key]["transformers"]
+    return "-" if a is None or b is None else f"{a:.0f} / {b:.0f}"
+
+
+def format_row(r: dict[str, Any]) -> str:
+    flop = (
+        f"{100 * r['pagedserve_flop_fraction']:.0f} / {100 * r['transformers_flop_fraction']:.0f}"
+    )
+    return (
+        f"| {r['max_concurrency']} | {r['pagedserve_tok_s']:.1f} | {r['transformers_tok_s']:.1f} "
+        f"| {r['speedup']:.2f}x | {flop} | {_pair(r, 'ttft_ms_p50')} | {_pair(r, 'ttft_ms_p99')} "
+        f"| {_pair(r, 'tpot_ms_p50')} | {_pair(r, 'tpot_ms_p99')} |"
+    )
 
 
 def format_comparison(rows: list[dict[str, Any]], check: dict[str, Any]) -> str:
-    header = ("| in flight | pagedserve tok/s | transformers tok/s | ratio "
-              "| TTFT p50 ms (ours / theirs) | TTFT p99 | TPOT p50 | TPOT p99 |")  # fmt: skip
-    lines = [header, "|---|---|---|---|---|---|---|---|"]
-
-    def pair(row: dict[str, Any], key: str) -> str:
-        a, b = row[key]["pagedserve"], row[key]["transformers"]
-        return "-" if a is None or b is None else f"{a:.0f} / {b:.0f}"
-
-    for r in rows:
-        lines.append(
-            f"| {r['max_concurrency']} | {r['pagedserve_tok_s']:.1f} | "
-            f"{r['transformers_tok_s']:.1f} | {r['speedup']:.2f}x | {pair(r, 'ttft_ms_p50')} | "
-            f"{pair(r, 'ttft_ms_p99')} | {pair(r, 'tpot_ms_p50')} | {pair(r, 'tpot_ms_p99')} |"
-        )
+    lines = [*HEADER, *(format_row(r) for r in rows)]
     lines.append(f"greedy texts identical: {check['num_identical']}/{check['num_requests']}")
     return "\n".join(lines)
+
+
+def report_section(result: dict[str, Any]) -> list[str]:
+    """The markdown section of `benchmarks.report_writer` for this benchmark's JSON."""
+    m, w, rate = result["machine"], result["workload"], result["matmul_rate"]
+    isa = ", ".join(m["isa_flags"]) or "none of note"
+    caps = ", ".join(f"{k}={v}" for k, v in m["isa_env"].items()) or "none"
+    lines = [
+        "## pagedserve vs `transformers serve --continuous-batching`",
+        "",
+        f"{w['num_requests']} requests, {w['total_output_tokens']} output tokens, "
+        f"{result['dtype']}, threads {result['threads'] or 'each server default'}. "
+        f"CPU: {m['cpu']}, {m['num_cpus']} cores, flags {isa}; ISA caps: {caps}; torch "
+        f"kernels: {m['torch_cpu_capability']}. Matmul rate in the same run: "
+        f"{rate['flops_per_s'] / 1e9:.0f} GFLOP/s on {rate['threads']} threads.",
+        "",
+        format_comparison(result["comparison"], result["greedy_check"]),
+    ]
+    if "hf_generate" in result:
+        hf = result["hf_generate"]
+        lines.append(
+            f"HF generate (static batches of {hf['batch_size']}): "
+            f"{hf['output_throughput']:.1f} tok/s, {100 * hf['flop_fraction']:.0f}% of the FLOP "
+            f"limit; **best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x**"
+        )
+    return lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -175,20 +222,25 @@ def main(argv: list[str] | None = None) -> int:
     levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=True)
     warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
     plan = (levels, warmup, requests[: args.num_check])
+    rate = measured_rate(args.dtype_resolved, args.threads)
+    flops = workload_flops(model_dims(model_dir), requests)
     result: dict[str, Any] = {
         "machine": machine_info(),
         "dtype": args.dtype_resolved,
         "threads": args.threads,
         "workload": workload_summary(requests),
+        "matmul_rate": rate,
+        "workload_flops": flops,
     }
     result["pagedserve"] = ours = run_pagedserve(args, model_dir, *plan)
     result["transformers_serve"] = theirs = run_transformers(args, model_dir, *plan)
-    result["comparison"] = rows = compare(ours, theirs)
+    result["comparison"] = rows = compare(ours, theirs, flops, rate["flops_per_s"])
     result["greedy_check"] = check = check_summary(ours.pop("texts"), theirs.pop("texts"))
     if args.hf_batch_sizes:
         result["hf_generate"] = hf = run_hf(args, requests, model_dir)
         best = max(r["output_throughput"] for r in ours["runs"])
         result["speedup_vs_hf"] = best / hf["output_throughput"]
+        hf["flop_fraction"] = fraction_of_flop_limit(flops, hf["duration_s"], rate["flops_per_s"])
         print(f"best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x", flush=True)
     table = format_comparison(rows, check)
     print(table, flush=True)
