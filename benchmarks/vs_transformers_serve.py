@@ -236,20 +236,23 @@ def main(argv: list[str] | None = None) -> int:
     result["transformers_serve"] = theirs = run_transformers(args, model_dir, *plan)
     result["comparison"] = rows = compare(ours, theirs, flops, rate["flops_per_s"])
     result["greedy_check"] = check = check_summary(ours.pop("texts"), theirs.pop("texts"))
+    print(format_comparison(rows, check), flush=True)
+    save(result, Path(args.out))  # the servers' comparison survives a failed HF run
     if args.hf_batch_sizes:
         result["hf_generate"] = hf = run_hf(args, requests, model_dir)
         best = max(r["output_throughput"] for r in ours["runs"])
         result["speedup_vs_hf"] = best / hf["output_throughput"]
         hf["flop_fraction"] = fraction_of_flop_limit(flops, hf["duration_s"], rate["flops_per_s"])
         print(f"best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x", flush=True)
-    table = format_comparison(rows, check)
-    print(table, flush=True)
-    out = Path(args.out)
-    write_json(result, out.with_suffix(".json"))
-    out.with_suffix(".md").write_text(table + "\n")
-    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}")
+        save(result, Path(args.out))
     failed = any(r["num_failed"] for s in (ours, theirs) for r in s["runs"])
     return 1 if failed or check["mismatches"] else 0
+
+
+def save(result: dict[str, Any], out: Path) -> None:
+    write_json(result, out.with_suffix(".json"))
+    out.with_suffix(".md").write_text("\n".join(report_section(result)) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", flush=True)
 
 
 def run_hf(args: argparse.Namespace, requests: list[BenchRequest], model_dir: Path) -> dict:

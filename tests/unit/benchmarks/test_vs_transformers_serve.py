@@ -4,6 +4,7 @@ against a fake server, and the per-level comparison and report built from two re
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 
@@ -89,3 +90,25 @@ def test_workload_args_carry_the_suites_workload() -> None:
     args = workload_args(build_parser().parse_args(["--num-prompts", "48"]))
     assert args.num_prompts == 48 and args.prompt_len_range == [8, 512]
     assert args.output_len_range == [4, 384] and args.dataset is None
+
+
+def test_saved_result_is_a_section_of_the_performance_report(tmp_path: Path) -> None:
+    from benchmarks.report_writer import build_report
+    from benchmarks.vs_transformers_serve import save
+
+    rows = compare({"runs": [_run(64, 90.0, 10.0, 1.0)]}, {"runs": [_run(64, 30.0, 30.0, 1.0)]},
+                   3e11, 1e11)  # fmt: skip
+    result = {
+        "machine": {"cpu": "X", "num_cpus": 2, "isa_flags": [], "isa_env": {},
+                    "torch_cpu_capability": "AVX512"},
+        "workload": {"num_requests": 4, "total_output_tokens": 40},
+        "matmul_rate": {"flops_per_s": 1e11, "threads": 1}, "dtype": "bfloat16", "threads": 1,
+        "comparison": rows,
+        "greedy_check": {"num_requests": 4, "num_identical": 3, "mismatches": [{"index": 2}]},
+    }  # fmt: skip
+    save(result, tmp_path / "vs_transformers_serve")
+    report = build_report(tmp_path)
+    assert "## pagedserve vs `transformers serve --continuous-batching`" in report
+    assert "| 64 | 90.0 | 30.0 | 3.00x | 30 / 10 |" in report
+    assert "greedy texts identical: 3/4" in report
+    assert (tmp_path / "vs_transformers_serve.md").read_text() in report
