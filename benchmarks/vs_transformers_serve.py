@@ -62,7 +62,8 @@ def measure_server(
 def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
     from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
 
-    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads)
+    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads,
+                            startup_timeout_s=args.startup_timeout)  # fmt: skip
     log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-tf-pagedserve.log"
     print(f"starting pagedserve (logs: {log_path})", flush=True)
     with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:
@@ -72,7 +73,8 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
 
 def run_transformers(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
     config = TransformersServeConfig(model_dir, args.dtype_resolved, threads=args.threads,
-                                     max_batch_tokens=args.tf_max_batch_tokens)  # fmt: skip
+                                     max_batch_tokens=args.tf_max_batch_tokens,
+                                     startup_timeout_s=args.startup_timeout)  # fmt: skip
     log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-tf-transformers.log"
     print(f"starting transformers serve (logs: {log_path})", flush=True)
     with log_path.open("w") as log, TransformersServer(config, log=log) as server:
@@ -186,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--output-len", type=int, default=48)
     add("--output-len-sigma", type=float, default=1.0)
     add("--output-len-range", default="4,384")
+    add("--startup-timeout", type=float, default=600.0, help="seconds for each server to start")
     add("--out", default="benchmarks/results/vs_transformers_serve")
     return p
 
