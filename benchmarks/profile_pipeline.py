@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine_info import machine_info
-from benchmarks.serve import LoadConfig, run_load, warm_up, warmup_requests, write_json
-from benchmarks.sse_client import EndpointConfig
+from services.cli.loadgen.runner import LoadConfig, run_load, warm_up, warmup_requests, write_json
+from services.cli.loadgen.sse_client import EndpointConfig
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROFILED = ("worker", "scheduler", "gateway")
@@ -168,10 +168,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
-    from benchmarks.serve import build_workload
     from benchmarks.vs_transformers_serve import build_parser as workload_parser
     from benchmarks.vs_transformers_serve import workload_args
+    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+    from services.cli.loadgen.runner import build_workload
 
     args = build_parser().parse_args(argv)
     lengths = ["--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)]

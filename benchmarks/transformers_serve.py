@@ -23,8 +23,8 @@ from typing import Any, TextIO
 
 import httpx
 
-from benchmarks.sse_client import EndpointConfig
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.workload import BenchRequest
 from services.cli.ports import free_port
 from services.cli.supervisor import ChildSpec, Supervisor
 

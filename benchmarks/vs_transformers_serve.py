@@ -26,7 +26,8 @@ from typing import Any
 from benchmarks.e2e_flops import fraction_of_flop_limit, measured_rate, model_dims, workload_flops
 from benchmarks.greedy_check import check_summary, greedy_texts
 from benchmarks.machine_info import machine_info
-from benchmarks.serve import (
+from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
+from services.cli.loadgen.runner import (
     Level,
     LoadConfig,
     build_workload,
@@ -38,9 +39,8 @@ from benchmarks.serve import (
     workload_summary,
     write_json,
 )
-from benchmarks.sse_client import EndpointConfig
-from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.workload import BenchRequest
 
 
 def measure_server(
@@ -60,7 +60,7 @@ def measure_server(
 
 
 def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
-    from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
+    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 
     config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads,
                             startup_timeout_s=args.startup_timeout)  # fmt: skip
@@ -198,7 +198,7 @@ def _ints(text: str) -> list[int]:
 
 
 def workload_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The fields `benchmarks.serve.build_workload` reads."""
+    """The fields `services.cli.loadgen.runner.build_workload` reads."""
     return argparse.Namespace(
         model=args.model, tokenizer=None, dataset=None, num_prompts=args.num_prompts,
         seed=args.seed, prompt_len=args.prompt_len, prompt_len_sigma=args.prompt_len_sigma,
@@ -261,7 +261,7 @@ def save(result: dict[str, Any], out: Path) -> None:
 def run_hf(args: argparse.Namespace, requests: list[BenchRequest], model_dir: Path) -> dict:
     import torch
 
-    from benchmarks.hf_baseline import run_hf_baseline
+    from services.cli.loadgen.hf_baseline import run_hf_baseline
 
     dtype = getattr(torch, args.dtype_resolved)
     sizes = _ints(args.hf_batch_sizes)

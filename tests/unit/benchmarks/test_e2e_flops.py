@@ -14,7 +14,7 @@ from benchmarks.e2e_flops import (
     request_flops,
     workload_flops,
 )
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.workload import BenchRequest
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
            "head_dim": 64, "num_hidden_layers": 30, "intermediate_size": 1536,

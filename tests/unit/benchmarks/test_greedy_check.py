@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.greedy_check import check_summary, compare_texts, first_difference, greedy_texts
-from benchmarks.sse_client import EndpointConfig
 from benchmarks.transformers_serve import TransformersServeEndpoint
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.workload import BenchRequest
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 
 REQUESTS = [BenchRequest(" the cat", [2, 3], 3), BenchRequest(" the dog", [2, 9], 1)]

@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve import LoadConfig, run_load
 from benchmarks.transformers_serve import (
     TransformersServeConfig,
     TransformersServeEndpoint,
     transformers_serve_argv,
     transformers_serve_env,
 )
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.runner import LoadConfig, run_load
+from services.cli.loadgen.workload import BenchRequest
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 
 CONFIG = TransformersServeConfig(Path("/models/smol"), threads=2)

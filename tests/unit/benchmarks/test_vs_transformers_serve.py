@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.serve import LoadConfig, plan_levels, warmup_requests
 from benchmarks.transformers_serve import TransformersServeEndpoint
 from benchmarks.vs_transformers_serve import (
     build_parser,
@@ -18,7 +17,8 @@ from benchmarks.vs_transformers_serve import (
     report_section,
     workload_args,
 )
-from benchmarks.workload import LengthDistribution, synthetic_workload
+from services.cli.loadgen.runner import LoadConfig, plan_levels, warmup_requests
+from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
 
