@@ -47,10 +47,22 @@ from shared.protocol import PromptLogprobs, StepPlan, StepResult
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no native bf16 matmul
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                             "AVX512_CORE_VNNI")  # fmt: skip
+
+
 def cpu_supports_bf16() -> bool:
+    """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
+    (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) is capped below AVX-512, as they
+    are to run as an AVX2-only machine would (where bf16 is emulated and slower than fp32)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ONEDNN_ISAS_WITHOUT_BF16:
+        return False
+    if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
