@@ -52,8 +52,8 @@ class KVCacheManager:
         Never the whole sequence: at least one token is left to compute so that the step has
         logits to sample from. Takes no references; `allocate_slots` does.
         """
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed (as vLLM)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._extend_hashes(request, max_hit_blocks)
         hit_blocks = []

@@ -14,13 +14,14 @@ sent without every block it needs already allocated.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Iterable
 
 from services.scheduler.errors import RequestRejectedError
-from services.scheduler.finish_rules import FINISH_ABORT, FINISH_ERROR, check_stop
+from services.scheduler.finish_rules import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, check_stop
 from services.scheduler.integrity_checker import check_integrity
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
@@ -28,6 +29,7 @@ from services.scheduler.request_queue import make_request_queue
 from services.scheduler.request_validator import check_fits, validate_request
 from services.scheduler.stats import SchedulerStats
 from shared.config import CacheConfig, SchedulerConfig
+from shared.iteration_histogram import IterationHistogram
 from shared.protocol import (
     ERROR_ENGINE,
     CachedSequence,
@@ -77,6 +79,7 @@ class Scheduler:
         self._num_steps = 0
         self._prefix_cache_queries = 0
         self._prefix_cache_hits = 0
+        self.iteration_tokens = IterationHistogram()  # tokens per step, for metrics
 
     # -- requests in and out -------------------------------------------------------------------
 
@@ -164,6 +167,7 @@ class Scheduler:
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         self._num_steps += 1
+        self.iteration_tokens.observe(plan.num_scheduled_tokens)
         scheduled = self._live_scheduled(plan)
         if result.error is not None:
             deltas = [
@@ -325,10 +329,17 @@ class Scheduler:
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
                 continue
+            prompt_logprobs = result.prompt_logprobs[i] if result.prompt_logprobs else None
+            if request.sampling.max_tokens == 0:  # prompt only: done after the prefill
+                deltas.append(self._finish(request, FINISH_LENGTH, prompt_logprobs=prompt_logprobs))
+                continue
             request.all_token_ids.append(token_id)
             if request.first_token_time is None:
                 request.first_token_time = now
-            deltas.append(self._token_delta(request, token_id, i, result))
+            delta = self._token_delta(request, token_id, i, result)
+            if prompt_logprobs is not None:
+                delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
+            deltas.append(delta)
         return deltas
 
     def _token_delta(

@@ -78,6 +78,8 @@ class StatusReporter:
             integrity_ok=self.integrity_error is None,
             integrity_checked_at=self.integrity_checked_at,
             **{name: getattr(stats, name) for name in STATS_IN_STATUS},
+            iteration_tokens=self._scheduler.iteration_tokens.encode(),
+            block_size=self._scheduler.block_size,
         )
 
     def _workers_alive(self) -> bool:

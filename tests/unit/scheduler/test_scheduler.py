@@ -402,7 +402,7 @@ def test_fcfs_preemption_still_evicts_the_newest() -> None:
             r"whole cache has 8",
         ),
         (dict(prompt_token_ids=[], max_tokens=1), "the prompt is empty"),
-        (dict(prompt_token_ids=2, max_tokens=0), "max_tokens must be >= 1, got 0"),
+        (dict(prompt_token_ids=2, max_tokens=-1), "max_tokens must be >= 0, got -1"),
         (dict(prompt_token_ids=2, top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
     ],
 )

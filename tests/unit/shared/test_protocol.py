@@ -97,8 +97,9 @@ def test_non_messages_are_not_encoded():
     [
         (SamplingParams(temperature=-1), "temperature must be >= 0"),
         (SamplingParams(top_p=0), "top_p must be in (0, 1]"),
-        (SamplingParams(top_k=0), "top_k must be -1"),
-        (SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
+        (SamplingParams(top_k=-2), "top_k must be -1 or 0 (disabled)"),
+        (SamplingParams(max_tokens=-1), "max_tokens must be >= 0"),
+        (SamplingParams(prompt_logprobs=21), "prompt_logprobs must be in [0, 20]"),
         (SamplingParams(max_tokens=2, min_tokens=3), "min_tokens must be in [0, max_tokens=2]"),
         (SamplingParams(logprobs=21), "logprobs must be in [0, 20]"),
     ],
@@ -107,3 +108,21 @@ def test_sampling_params_say_what_is_wrong(params, message):
     with pytest.raises(ValueError) as info:
         params.validate()
     assert message in str(info.value)
+
+
+def test_new_fields_round_trip():
+    from shared.protocol import PromptLogprobs, StepResult, TokenDelta
+
+    params = SamplingParams(prompt_logprobs=2, logit_bias=((5, -1.5), (7, 100.0)), top_k=0)
+    params.validate()
+    assert decode(encode(params)) == params
+    prompt = PromptLogprobs([-1.0, -2.5], [1, 3], [[(4, -0.5)], [(9, -0.1), (3, -2.0)]])
+    delta = TokenDelta("r", [1], stop_token_id=2, prompt_logprobs=prompt)
+    back = decode(encode(delta))
+    assert back.prompt_logprobs.token_logprobs == [-1.0, -2.5]
+    assert [list(map(tuple, t)) for t in back.prompt_logprobs.top_logprobs] == [
+        [(4, -0.5)],
+        [(9, -0.1), (3, -2.0)],
+    ]
+    result = decode(encode(StepResult(3, ["r"], [1], prompt_logprobs=[prompt])))
+    assert result.prompt_logprobs[0].ranks == [1, 3]
