@@ -9,6 +9,7 @@ failed since it last wrote (see `outbox.py`: what it wrote just before may be lo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -62,7 +63,9 @@ class RedisBackoff:
             try:
                 result = await call()
             except RedisError as exc:
-                await self.failed(what, exc)
+                await self.failed(what, exc, wait=False)
+                with contextlib.suppress(TimeoutError):  # a stop cuts the wait short
+                    await asyncio.wait_for(stopping.wait(), self.delay_s)
                 continue
             self.succeeded()
             return result

@@ -85,6 +85,8 @@ class EngineLoop:
         self.link.start()
         try:
             await self.backoff.retry("set-up", self.io.setup, self.stopping)
+            if self.stopping.is_set():
+                return
             logger.info("scheduler ready (engine %s)", self.config.engine_id)
             scheduler = await self.attach()
             if scheduler is not None:

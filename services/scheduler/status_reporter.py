@@ -13,7 +13,7 @@ import asyncio
 import logging
 import os
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 
 from redis.exceptions import RedisError
 
@@ -21,6 +21,7 @@ from services.scheduler.ledger import Ledger
 from services.scheduler.outbox import Outbox
 from services.scheduler.redis_io import RedisIO
 from services.scheduler.scheduler import Scheduler
+from services.scheduler.stats import SchedulerStats
 from services.scheduler.worker_link import WorkerLink
 from shared.status import EngineStatus
 
@@ -29,6 +30,10 @@ logger = logging.getLogger(__name__)
 STATUS_INTERVAL_S = 1.0
 INTEGRITY_CHECK_INTERVAL_S = 5.0
 THROUGHPUT_LOG_INTERVAL_S = 10.0
+# the scheduler's counters that the status record carries, under the same names
+STATS_IN_STATUS = tuple(
+    f.name for f in fields(EngineStatus) if f.name in {g.name for g in fields(SchedulerStats)}
+)
 
 
 def link_status(engine_id: str, link: WorkerLink, workers_alive: bool) -> EngineStatus:
@@ -72,16 +77,7 @@ class StatusReporter:
             base,
             integrity_ok=self.integrity_error is None,
             integrity_checked_at=self.integrity_checked_at,
-            num_running=stats.num_running,
-            num_waiting=stats.num_waiting,
-            num_free_blocks=stats.num_free_blocks,
-            num_total_blocks=stats.num_total_blocks,
-            kv_usage=stats.kv_usage,
-            prefix_cache_queries=stats.prefix_cache_queries,
-            prefix_cache_hits=stats.prefix_cache_hits,
-            num_preemptions=stats.num_preemptions,
-            num_finished=stats.num_finished,
-            num_steps=stats.num_steps,
+            **{name: getattr(stats, name) for name in STATS_IN_STATUS},
             iteration_tokens=self._scheduler.iteration_tokens.encode(),
             block_size=self._scheduler.block_size,
         )

@@ -64,9 +64,7 @@ class StepLoop:
             await self._resume_own_pending()
             await self._serve()
         finally:
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await cancel_and_wait(tasks)
             await self.outbox.flush()
             with contextlib.suppress(RedisError):
                 await self.io.write_engine_status(self.status.status(workers_alive=False))
@@ -151,3 +149,15 @@ class StepLoop:
         queued = stats.num_running + stats.num_waiting + len(self.intake)
         room = min(config.max_waiting - stats.num_waiting, 2 * config.max_num_seqs - queued)
         return max(0, min(READ_COUNT, room))
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
+    """Cancel `tasks` and wait until they are done. A cancellation that lands while redis-py
+    awaits a reply can be swallowed (the task then sleeps on, and a plain gather waits forever:
+    a SIGTERM right after start-up hung the process), so a task still running is cancelled
+    again."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)
