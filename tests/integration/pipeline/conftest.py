@@ -114,11 +114,11 @@ def add_engine(
     return engine
 
 
-def add_gateway(pipeline: Pipeline, name: str) -> ServiceProcess:
+def add_gateway(pipeline: Pipeline, name: str, *extra: str) -> ServiceProcess:
     port = free_port()
     gateway = gateway_process(
         name, pipeline.model_dir, pipeline.redis_url, pipeline.namespace, port,
-        "--max-model-len", str(MAX_MODEL_LEN),
+        "--max-model-len", str(MAX_MODEL_LEN), *extra,
     ).start()  # fmt: skip
     pipeline.gateway_ports.append(port)
     pipeline.gateways.append(gateway)

@@ -31,7 +31,9 @@ PROMPT = "Paged attention stores"
 def pipeline(pipeline_factory):
     pipeline = pipeline_factory()
     add_engine(pipeline, ENGINE_ID)
-    add_gateway(pipeline, "gw-recovery")
+    # A replacement worker can take over 30 s (the gateway's default engine-loss bound) to load
+    # on a busy machine; this module tests recovery, not that bound.
+    add_gateway(pipeline, "gw-recovery", "--engine-loss-timeout", "300")
     wait_until_serving(pipeline)
     return pipeline
 
