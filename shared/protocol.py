@@ -19,6 +19,8 @@ A step plan sends a sequence in full once (`NewSequence`), then only what change
 from __future__ import annotations
 
 import dataclasses
+import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -85,6 +87,11 @@ class SamplingParams:
             problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not math.isfinite(bias):
+                problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "
+                                f"{token_id}: {bias}")  # fmt: skip
+                break
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -224,8 +231,9 @@ class WorkerHello:
     model: str
     pid: int = 0
     # the per-step token budget this rank sized itself for (its device default unless given);
-    # a scheduler given none adopts the first hello's
+    # a scheduler given none adopts rank 0's
     max_num_batched_tokens: int = 2048
+    vocab_size: int = 0  # token ids the model knows are below this; 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -243,11 +251,28 @@ class StepResult:
     prompt_logprobs: list[PromptLogprobs | None] | None = None
 
 
+ROLE_SCHEDULER = "scheduler"
+ROLE_WORKER = "worker"
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    sender: str  # "scheduler" or "worker:<rank>"
+    """ "I am alive", both ways. A scheduler's names its epoch (one view of its workers: a
+    worker that sees a new one drops its state and says hello); a worker's names its rank."""
+
+    role: str  # ROLE_SCHEDULER | ROLE_WORKER
     time: float
-    step_id: int = -1
+    step_id: int = -1  # the last step the sender published (scheduler) or started (worker)
+    rank: int = 0  # a worker's rank
+    epoch: str = ""  # a scheduler's epoch
+
+    @classmethod
+    def from_scheduler(cls, epoch: str, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_SCHEDULER, time=time.time(), step_id=step_id, epoch=epoch)
+
+    @classmethod
+    def from_worker(cls, rank: int, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_WORKER, time=time.time(), step_id=step_id, rank=rank)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -295,11 +295,12 @@ class GatewayRoutes:
     async def metrics_text(self, request: Request) -> Response:
         try:
             statuses = await self.client.engine_statuses()
+            restarts = await self.client.process_restarts()
         except RedisError:
-            statuses = []
+            statuses, restarts = [], {}
         now = time.time()
         live = [s for s in statuses if self.client.is_live(s, now)]
-        return Response(self.metrics.render(live), media_type=CONTENT_TYPE)
+        return Response(self.metrics.render(live, restarts), media_type=CONTENT_TYPE)
 
 
 def prompt_views(
@@ -373,6 +374,7 @@ def build_app(
                 GatewayMiddleware,
                 api_key=config.api_key,
                 metrics_require_key=config.metrics_require_key,
+                gateway_id=client.gateway_id,
             ),
         ],
         exception_handlers={HTTPException: _http_error},

@@ -110,6 +110,23 @@ class EngineStatusCollector(Collector):
         return gauge
 
 
+class ProcessRestartCollector(Collector):
+    """`pagedserve serve`'s restarts of its processes, from Redis just before a scrape."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        counter = CounterMetricFamily(
+            "pagedserve:process_restarts",
+            "Processes restarted by `pagedserve serve` after they died",
+            labels=["process"],
+        )
+        for name, count in sorted(self.counts.items()):
+            counter.add_metric([name], count)
+        yield counter
+
+
 class GatewayMetrics:
     """Every metric the gateway exposes; `render()` is the /metrics body."""
 
@@ -117,6 +134,8 @@ class GatewayMetrics:
         self.registry = CollectorRegistry()
         self.engines = EngineStatusCollector(model_name)
         self.registry.register(self.engines)
+        self.restarts = ProcessRestartCollector()
+        self.registry.register(self.restarts)
         labels = ["model_name"]
         hist = dict(labelnames=labels, registry=self.registry)
         self.ttft = Histogram(
@@ -183,6 +202,9 @@ class GatewayMetrics:
     def finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
 
-    def render(self, live_engines: list[EngineStatus]) -> bytes:
+    def render(
+        self, live_engines: list[EngineStatus], process_restarts: dict[str, int] | None = None
+    ) -> bytes:
         self.engines.statuses = live_engines
+        self.restarts.counts = process_restarts or {}
         return generate_latest(self.registry)

@@ -51,8 +51,9 @@ def make_plan() -> StepPlan:
         AbortRequest(["r1", "r2"], "client disconnected"),
         OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, None, 2, 2)]),
         StepResult(7, ["a", "b"], [10, 11], [-0.5, -1.0], [[[10, -0.5]], [[11, -1.0]]]),
-        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512),
-        Heartbeat("worker:0", 12.5, 3),
+        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512, vocab_size=99),
+        Heartbeat(role="worker", time=12.5, step_id=3, rank=1),
+        Heartbeat(role="scheduler", time=12.5, step_id=4, epoch="abc123"),
         Shutdown("bye"),
     ],
 )
@@ -77,7 +78,7 @@ def test_unknown_tag_is_rejected():
 
 
 def test_wrong_field_count_is_rejected():
-    with pytest.raises(ProtocolError, match="Heartbeat needs 3 fields"):
+    with pytest.raises(ProtocolError, match="Heartbeat needs 5 fields"):
         decode(msgpack.packb(msgpack.ExtType(12, msgpack.packb([1]))))
 
 
