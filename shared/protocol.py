@@ -19,6 +19,7 @@ A step plan sends a sequence in full once (`NewSequence`), then only what change
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,11 @@ class SamplingParams:
             problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
         if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
             problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        for token_id, bias in self.logit_bias:
+            if token_id < 0 or not math.isfinite(bias):
+                problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "
+                                f"{token_id}: {bias}")  # fmt: skip
+                break
         if problems:
             raise ValueError("; ".join(problems))
 

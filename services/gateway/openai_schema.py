@@ -31,7 +31,6 @@ MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # top alternatives per token (the engine's bound)
 MAX_MESSAGES = 1024
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
-SEED_LIMIT = 2**64  # choice i uses (seed + i) % SEED_LIMIT: every int64 maps to its own seed
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
 PRIORITY_LIMIT = 2**31
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 from services.gateway.errors import bad_request
 from services.gateway.openai_schema import (
-    SEED_LIMIT,
+    SEED_MAX,
+    SEED_MIN,
     ChatRequest,
     CompletionRequest,
     SamplingOptions,
@@ -110,9 +111,10 @@ def choice_seed(options: SamplingOptions, choice: int) -> int | None:
     from its prompt, and only a seeded one regenerates the tokens its client was already shown
     (the gateway's ReplayGuard then drops them and the stream goes on seamlessly)."""
     if options.seed is not None:
-        return (options.seed + choice) % SEED_LIMIT
+        # wraps within int64, so every client seed stays its own engine seed
+        return (options.seed + choice - SEED_MIN) % 2**64 + SEED_MIN
     if options.temperature > 0:
-        return secrets.randbelow(SEED_LIMIT)
+        return secrets.randbelow(SEED_MAX + 1)
     return None
 
 

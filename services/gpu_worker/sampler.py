@@ -25,6 +25,19 @@ import torch
 from shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
+_MASK64 = 2**64 - 1
+
+
+def _splitmix64(x: int) -> int:
+    """A 64-bit bijection that spreads every input bit over the output. torch's CPU generator
+    (mt19937) keeps only the low 32 bits of its seed, so without it seeds that differ by a
+    multiple of 2**32 (-1 and 2**63 - 1, say) would draw the same numbers."""
+    x = (x + 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
 MAX_LOGPROBS = 20
 
 
@@ -199,7 +212,7 @@ def row_uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
         if row.params.seed is not None:
             generator = torch.Generator(device=device)
             step = len(row.output_token_ids)
-            generator.manual_seed((row.params.seed * _SEED_STRIDE + step) % (2**64))
+            generator.manual_seed(_splitmix64((row.params.seed * _SEED_STRIDE + step) & _MASK64))
             uniforms[i] = torch.rand(1, generator=generator, device=device)
     return uniforms
 

@@ -59,8 +59,14 @@ def _sampling_problems(sampling: SamplingParams, vocab_size: int) -> list[str]:
     except (ValueError, TypeError) as exc:
         problems.append(str(exc))
     if vocab_size > 0:
-        for name in ("stop_token_ids", "eos_token_ids"):
-            outside = [t for t in getattr(sampling, name) if not 0 <= t < vocab_size]
+        biased = tuple(t for t, _ in sampling.logit_bias)
+        checked = (
+            ("stop_token_ids", sampling.stop_token_ids),
+            ("eos_token_ids", sampling.eos_token_ids),
+            ("logit_bias", biased),
+        )
+        for name, ids in checked:
+            outside = [t for t in ids if not 0 <= t < vocab_size]
             if outside:
                 problems.append(
                     f"{name} {outside[:5]} are outside the vocabulary [0, {vocab_size})"

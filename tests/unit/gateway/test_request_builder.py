@@ -49,7 +49,7 @@ def test_max_tokens_0_stays_0(info):
 
 def test_negative_and_large_seeds_are_distinct_int64(info):
     seeds = {build(info, seed=s, temperature=1)[0].sampling.seed for s in (-1, 2**63 - 1, 0)}
-    assert len(seeds) == 3 and all(0 <= s < 2**64 for s in seeds)
+    assert len(seeds) == 3 and all(-(2**63) <= s < 2**63 for s in seeds)  # int64
 
 
 def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
@@ -57,7 +57,7 @@ def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
     first = build(info, n=3, temperature=0.8, max_tokens=5)
     second = build(info, n=3, temperature=0.8, max_tokens=5)
     seeds = [r.sampling.seed for r in first + second]
-    assert all(seed is not None and 0 <= seed < 2**64 for seed in seeds)
+    assert all(seed is not None and 0 <= seed < 2**63 for seed in seeds)
     assert len(set(seeds)) == 6  # choices differ, and so do requests
 
 

@@ -205,3 +205,13 @@ def test_logit_bias_is_added_before_sampling_and_logprobs_stay_raw():
     assert out.logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[worst]), abs=1e-5)
     banned = int(logits[0].argmax())
     assert banned not in draw(logits, 500, logit_bias=((banned, -100.0),))
+
+
+def test_negative_int64_seeds_reproduce_and_differ_from_their_unsigned_twin():
+    logits = make_logits(batch=1).expand(64, -1).contiguous()
+
+    def draws(seed: int) -> list[int]:
+        return sample(logits, [row(temperature=5.0, seed=seed + i) for i in range(64)]).token_ids
+
+    assert draws(-(2**63)) == draws(-(2**63))
+    assert draws(-1) != draws(2**63 - 1)

@@ -3,6 +3,10 @@ sends) and the prompt logprobs a step result carries."""
 
 from __future__ import annotations
 
+import pytest
+
+from services.scheduler.errors import RequestRejectedError
+from services.scheduler.request_validator import validate_request
 from shared.protocol import PromptLogprobs, StepResult
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
@@ -55,3 +59,12 @@ def test_each_step_records_its_scheduled_tokens_for_iteration_metrics():
     assert sizes == [4, 2, 1]
     assert (s.iteration_tokens.num, s.iteration_tokens.total) == (3, 7)
     assert s.iteration_tokens.encode().split(",")[:2] == ["1", "3"]  # <= 1: one; <= 8: all
+
+
+def test_the_engine_refuses_logit_bias_outside_the_vocabulary():
+    request = make_request("a", 3, max_tokens=2, logit_bias=((5, 1.0), (900, -2.0)))
+    with pytest.raises(RequestRejectedError, match=r"logit_bias \[900\]"):
+        validate_request(request, vocab_size=512)
+    validate_request(make_request("b", 3, max_tokens=2, logit_bias=((5, 1.0),)), vocab_size=512)
+    with pytest.raises(RequestRejectedError, match="finite"):
+        validate_request(make_request("c", 3, logit_bias=((5, float("nan")),)), vocab_size=512)
