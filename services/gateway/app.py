@@ -30,7 +30,7 @@ from starlette.types import Receive, Scope, Send
 
 from services.gateway.completion_session import CompletionSession
 from services.gateway.drain import Drainer, DrainMiddleware
-from services.gateway.engine_client import EngineClient
+from services.gateway.engine_client import HEALTH_REDIS_TIMEOUT_S, EngineClient
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
 from services.gateway.http_middleware import GatewayMiddleware
@@ -251,7 +251,7 @@ class GatewayRoutes:
 
     async def health(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses()
+            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
         except RedisError as exc:
             reason = f"the request queue (Redis) is unreachable: {exc}"
             return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
@@ -273,7 +273,7 @@ class GatewayRoutes:
 
     async def metrics_text(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses()
+            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
         except RedisError:
             statuses = []
         now = time.time()

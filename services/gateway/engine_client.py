@@ -7,9 +7,10 @@ dropped. Redis being down is never fatal: calls raise a 503 `APIError`, the back
 retry with backoff.
 
 No request waits forever for an engine that is gone: a watch task reads the engines' status
-records, and once none has been live for `engine_loss_timeout_s` it ends every open stream with
-a `no_live_engine` error (503). A scheduler restart or a replica's claim within that bound is
-invisible to the client (see `replay_guard.py`).
+records, and once none has been live for `engine_loss_timeout_s` of the time Redis answered it
+ends every open stream with a `no_live_engine` error (503); the gateway's own blindness (Redis
+down or stalled) is not engine death (`engine_watch.py`). A scheduler restart or a replica's
+claim within that bound is invisible to the client (see `replay_guard.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ import time
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.gateway.engine_watch import EngineLossClock
 from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
 from shared.keys import RedisKeys
 from shared.protocol import (
@@ -53,6 +56,7 @@ MAX_BACKOFF_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 2.0
 REDIS_MAX_CONNECTIONS = 64  # per gateway; calls beyond wait for a free one
 REDIS_POOL_WAIT_S = 20.0  # longest wait for a free connection before a 503
+HEALTH_REDIS_TIMEOUT_S = 0.8  # /health and /metrics answer within 1 s even if Redis stalls
 
 
 class EngineClient:
@@ -203,6 +207,14 @@ class EngineClient:
             records = await pipe.execute()
         return [from_fields(EngineStatus, r) for r in records if r]
 
+    async def engine_statuses_within(self, timeout_s: float) -> list[EngineStatus]:
+        """`engine_statuses()`, or a RedisError once `timeout_s` has passed: a stalled Redis
+        (stopped, overloaded) must not hold /health past a load balancer's probe timeout."""
+        try:
+            return await asyncio.wait_for(self.engine_statuses(), timeout_s)
+        except TimeoutError as exc:
+            raise RedisTimeoutError(f"no answer within {timeout_s:g}s") from exc
+
     @staticmethod
     def is_live(status: EngineStatus, now: float | None = None) -> bool:
         now = time.time() if now is None else now
@@ -249,21 +261,20 @@ class EngineClient:
             queue.put_nowait(delta)
 
     async def _watch_engines(self) -> None:
-        last_live = time.monotonic()
+        clock = EngineLossClock()  # counts only while Redis answers: blindness is not death
         while True:
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            started_at = time.monotonic()
             try:
                 statuses = await self.engine_statuses()
-            except RedisError:
-                continue  # the output reader and submit() report Redis trouble
-            if any(self.is_live(s) for s in statuses):
-                last_live = time.monotonic()
-                continue
-            down_s = time.monotonic() - last_live
-            if self._streams and down_s > self.engine_loss_timeout_s:
+                any_live: bool | None = any(self.is_live(s) for s in statuses)
+            except RedisError:  # the output reader and submit() report Redis trouble
+                any_live = None
+            clock.record_read(started_at, time.monotonic(), any_live)
+            if self._streams and clock.num_dead_s > self.engine_loss_timeout_s:
                 message = (
-                    f"no engine has been live for {down_s:.0f}s (limit "
-                    f"{self.engine_loss_timeout_s:g}s); the request was not finished"
+                    f"no engine has been live for {clock.num_dead_s:.0f}s while Redis answered "
+                    f"(limit {self.engine_loss_timeout_s:g}s); the request was not finished"
                 )
                 ended = self.finish_open_streams("error", message, ERROR_NO_LIVE_ENGINE)
                 logger.error("ended %d open request(s): %s", len(ended), message)
