@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import uuid
+from collections.abc import Callable
 
 from services.gateway.gateway_config import GatewayConfig
 from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE, env_default
@@ -52,6 +53,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
         default=float(env_default("engine_loss_timeout", "30")),
         help="seconds without any live engine after which open requests fail with a 503",
     )
+    _add_limit_flags(add)
     args = parser.parse_args(argv)
     try:
         return GatewayConfig(
@@ -68,10 +70,52 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             max_pending_requests=args.max_pending_requests,
             shutdown_timeout=args.shutdown_timeout,
             engine_loss_timeout=args.engine_loss_timeout,
+            max_body_bytes=args.max_body_bytes,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            max_seqs_per_request=args.max_seqs_per_request,
+            max_requests_per_client=args.max_requests_per_client,
+            tokenizer_threads=args.tokenizer_threads,
         )
     except ValueError as exc:
         parser.error(str(exc))
         raise  # unreachable: parser.error exits
+
+
+def _add_limit_flags(add: Callable[..., object]) -> None:
+    """What keeps cheap requests cheap (admission.py, http_limits.py, client_limits.py)."""
+    add(
+        "--max-body-bytes",
+        type=int,
+        default=int(env_default("max_body_bytes", "8388608")),
+        help="request bodies over this many bytes get a 413",
+    )
+    add(
+        "--header-timeout",
+        type=float,
+        default=float(env_default("header_timeout", "10")),
+        help="seconds a request's headers may take to arrive (slow clients get a 408)",
+    )
+    add(
+        "--body-timeout",
+        type=float,
+        default=float(env_default("body_timeout", "30")),
+        help="seconds a request's body may take to arrive after its headers",
+    )
+    add(
+        "--max-seqs-per-request",
+        type=int,
+        default=int(env_default("max_seqs_per_request", "256")),
+        help="most sequences (prompts x n) one request may ask for",
+    )
+    add(
+        "--max-requests-per-client",
+        type=int,
+        default=int(env_default("max_requests_per_client", "1024")),
+        help="open API requests per API key (else per address) before a 429; 0: no bound",
+    )
+    add("--tokenizer-threads", type=int, default=int(env_default("tokenizer_threads", "2")),
+        help="prompts tokenized at once; the others wait their turn")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -82,6 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.gateway.app import build_app
     from services.gateway.drain import Drainer, DrainingServer
     from services.gateway.engine_client import EngineClient
+    from services.gateway.http_limits import bounded_http_protocol
     from services.gateway.tokenizer import load_tokenizer
 
     info = load_tokenizer(config.model, config.max_model_len)
@@ -98,8 +143,10 @@ def main(argv: list[str] | None = None) -> None:
         "gateway %s serving %s (max_model_len %d) on http://%s:%d",
         config.gateway_id, config.model_name, info.max_model_len, config.host, config.port,
     )  # fmt: skip
+    protocol = bounded_http_protocol(config.header_timeout, config.body_timeout)
     server = DrainingServer(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"), drainer
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", http=protocol),
+        drainer,
     )
     server.run()
 

@@ -21,6 +21,9 @@ import logging
 import time
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -56,6 +59,7 @@ MAX_BACKOFF_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 2.0
 REDIS_MAX_CONNECTIONS = 64  # per gateway; calls beyond wait for a free one
 REDIS_POOL_WAIT_S = 20.0  # longest wait for a free connection before a 503
+REDIS_HEALTH_CHECK_S = 1.0
 HEALTH_REDIS_TIMEOUT_S = 0.8  # /health and /metrics answer within 1 s even if Redis stalls
 
 
@@ -82,6 +86,13 @@ class EngineClient:
             timeout=REDIS_POOL_WAIT_S,
             socket_connect_timeout=2,
             socket_timeout=5,
+            # After a Redis restart every pooled connection is dead and the first call on each
+            # would fail: a connection idle a while is PINGed first, and a call that finds its
+            # connection closed is tried once more on a fresh one (an engine drops a request
+            # queued twice).
+            health_check_interval=REDIS_HEALTH_CHECK_S,
+            retry=Retry(NoBackoff(), 1),
+            retry_on_error=[RedisConnectionError],
         )
         self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}

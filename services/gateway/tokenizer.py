@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.gateway.token_bound import max_bytes_per_token
 from shared.model_files import (
     cache_dir,
     default_model_gguf,
@@ -32,6 +33,7 @@ class TokenizerInfo:
     eos_token_ids: tuple[int, ...]
     max_model_len: int
     vocab_size: int
+    max_bytes_per_token: int | None = None  # no token is longer (None: no safe bound)
     # Logprobs name the same few thousand tokens again and again: decode each once.
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -130,6 +132,7 @@ def tokenizer_info(
         eos_token_ids=eos_ids,
         max_model_len=max_model_len,
         vocab_size=len(tokenizer),
+        max_bytes_per_token=max_bytes_per_token(tokenizer),
     )
 
 
