@@ -19,6 +19,8 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
@@ -50,6 +52,7 @@ from shared.status import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 2.0
 READ_BLOCK_MS = 1000
@@ -221,10 +224,12 @@ class EngineClient:
     async def engine_statuses_within(self, timeout_s: float) -> list[EngineStatus]:
         """`engine_statuses()`, or a RedisError once `timeout_s` has passed: a stalled Redis
         (stopped, overloaded) must not hold /health past a load balancer's probe timeout."""
-        try:
-            return await asyncio.wait_for(self.engine_statuses(), timeout_s)
-        except TimeoutError as exc:
-            raise RedisTimeoutError(f"no answer within {timeout_s:g}s") from exc
+        return await redis_within(self.engine_statuses(), timeout_s)
+
+    async def process_restarts(self) -> dict[str, int]:
+        """How often `pagedserve serve` restarted each of its processes (raises RedisError)."""
+        counts = await self.redis.hgetall(self.keys.process_restarts)
+        return {name.decode(): int(value) for name, value in counts.items()}
 
     @staticmethod
     def is_live(status: EngineStatus, now: float | None = None) -> bool:
@@ -335,6 +340,14 @@ class EngineClient:
             except RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+
+async def redis_within(work: Awaitable[T], timeout_s: float) -> T:
+    """`work` (Redis calls), or a RedisError once `timeout_s` has passed."""
+    try:
+        return await asyncio.wait_for(work, timeout_s)
+    except TimeoutError as exc:
+        raise RedisTimeoutError(f"no answer within {timeout_s:g}s") from exc
 
 
 def _redis_down(exc: Exception) -> APIError:
