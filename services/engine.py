@@ -17,6 +17,7 @@ from services.gpu_worker.model_runner import ModelRunner
 from services.scheduler.engine_shape import EngineShape
 from services.scheduler.scheduler import Scheduler
 from shared.config import CacheConfig, SchedulerConfig
+from shared.model_facts import read_model_facts
 from shared.protocol import GenerateRequest, SamplingParams, TokenDelta, WorkerHello
 
 MAX_IDLE_STEPS = 100  # empty plans in a row with work waiting: a scheduler that is stuck
@@ -78,7 +79,8 @@ class LLMEngine:
             vocab_size=self.shape.vocab_size,
         )
         self.tokenizer = self._load_tokenizer()
-        self.eos_token_ids = self._eos_token_ids()
+        # The end tokens by the rule the gateway and worker use (`shared.model_facts`).
+        self.eos_token_ids = read_model_facts(self.model_dir).eos_token_ids
         self._ids = itertools.count()
         self._last_plan_ran = False
 
@@ -105,17 +107,6 @@ class LLMEngine:
         from transformers import AutoTokenizer
 
         return AutoTokenizer.from_pretrained(self.model_dir)
-
-    def _eos_token_ids(self) -> tuple[int, ...]:
-        eos = getattr(self.runner.model.config, "eos_token_id", None)
-        generation = self.model_dir / "generation_config.json"
-        if generation.is_file():
-            import json
-
-            eos = json.loads(generation.read_text()).get("eos_token_id", eos)
-        if eos is None:
-            return ()
-        return tuple(eos) if isinstance(eos, list) else (int(eos),)
 
     # ------------------------------------------------------------------ requests
 

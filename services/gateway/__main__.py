@@ -18,7 +18,8 @@ GATEWAY_OPTIONS = (
     "redis_url", "namespace", "host", "port",
     use("api_key", help="require this Bearer key"), "metrics_require_key", "gateway_id",
     use("max_model_len", help=None), "max_pending_requests", "shutdown_timeout",
-    "engine_loss_timeout",
+    "engine_loss_timeout", "max_body_bytes", "header_timeout", "body_timeout",
+    "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
 )  # fmt: skip
 
 
@@ -41,6 +42,12 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             max_pending_requests=args.max_pending_requests,
             shutdown_timeout=args.shutdown_timeout,
             engine_loss_timeout=args.engine_loss_timeout,
+            max_body_bytes=args.max_body_bytes,
+            header_timeout=args.header_timeout,
+            body_timeout=args.body_timeout,
+            max_seqs_per_request=args.max_seqs_per_request,
+            max_requests_per_client=args.max_requests_per_client,
+            tokenizer_threads=args.tokenizer_threads,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -55,6 +62,7 @@ def main(argv: list[str] | None = None) -> None:
     from services.gateway.app import build_app
     from services.gateway.drain import Drainer, DrainingServer
     from services.gateway.engine_client import EngineClient
+    from services.gateway.http_limits import bounded_http_protocol
     from services.gateway.tokenizer import load_tokenizer
 
     info = load_tokenizer(config.model, config.max_model_len)
@@ -71,8 +79,10 @@ def main(argv: list[str] | None = None) -> None:
         "gateway %s serving %s (max_model_len %d) on http://%s:%d",
         config.gateway_id, config.model_name, info.max_model_len, config.host, config.port,
     )  # fmt: skip
+    protocol = bounded_http_protocol(config.header_timeout, config.body_timeout)
     server = DrainingServer(
-        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning"), drainer
+        uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", http=protocol),
+        drainer,
     )
     server.run()
 

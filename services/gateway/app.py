@@ -28,9 +28,11 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
+from services.gateway.admission import admit_chat, admit_completion
+from services.gateway.client_limits import client_limit_middleware
 from services.gateway.completion_session import CompletionSession
 from services.gateway.drain import Drainer, DrainMiddleware
-from services.gateway.engine_client import EngineClient
+from services.gateway.engine_client import HEALTH_REDIS_TIMEOUT_S, EngineClient, redis_within
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
 from services.gateway.http_middleware import GatewayMiddleware
@@ -54,6 +56,7 @@ from services.gateway.response_formatter import PromptView, ResponseFormatter
 from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
 from services.gateway.tokenize_routes import TokenizeRoutes
 from services.gateway.tokenizer import TokenizerInfo
+from services.gateway.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -114,16 +117,16 @@ async def read_json(request: Request, limit: int) -> Any:
     )
     if declared.isdigit() and int(declared) > limit:
         raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
+    raw = bytearray()  # one growing buffer, freed before parsing: a big body is held twice
+    async for chunk in request.stream():  # at most (bytes, then text), never four times
+        if len(raw) + len(chunk) > limit:
             raise too_large
-        chunks.append(chunk)
+        raw += chunk
     try:
-        text = b"".join(chunks).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})") from exc
+    del raw
     try:
         body = json.loads(text)
     except ValueError as exc:
@@ -158,6 +161,7 @@ class GatewayRoutes:
         self.info = info
         self.client = client
         self.metrics = GatewayMetrics(config.model_name, info.max_model_len)
+        self.tokenizer_pool = TokenizerPool(config.tokenizer_threads)
         self.created = int(time.time())
 
     def _check_model(self, model: str | None) -> None:
@@ -191,14 +195,16 @@ class GatewayRoutes:
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
-        prompts = await asyncio.to_thread(tokenize_completion, parsed, self.info)
+        admit_completion(parsed, self.info, self.config.max_seqs_per_request)
+        prompts = await self.tokenizer_pool.run(tokenize_completion, parsed, self.info)
         check_lengths(prompts, parsed.sampling, self.info.max_model_len, "max_tokens")
         return await self._generate(request, "completion", parsed, prompts)
 
     async def chat(self, request: Request) -> Response:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
-        prompts = await asyncio.to_thread(tokenize_chat, parsed, self.info)
+        admit_chat(parsed, self.config.max_seqs_per_request)
+        prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info)
         max_len = self.info.max_model_len
         check_lengths(prompts, parsed.sampling, max_len, parsed.max_tokens_param, "messages")
         return await self._generate(request, "chat", parsed, prompts)
@@ -272,7 +278,7 @@ class GatewayRoutes:
 
     async def health(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses()
+            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
         except RedisError as exc:
             reason = f"the request queue (Redis) is unreachable: {exc}"
             return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
@@ -294,8 +300,8 @@ class GatewayRoutes:
 
     async def metrics_text(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses()
-            restarts = await self.client.process_restarts()
+            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
+            restarts = await redis_within(self.client.process_restarts(), HEALTH_REDIS_TIMEOUT_S)
         except RedisError:
             statuses, restarts = [], {}
         now = time.time()
@@ -354,6 +360,7 @@ def build_app(
             yield
         finally:
             await client.close()
+            routes.tokenizer_pool.close()
 
     app = Starlette(
         routes=[
@@ -376,6 +383,7 @@ def build_app(
                 metrics_require_key=config.metrics_require_key,
                 gateway_id=client.gateway_id,
             ),
+            *client_limit_middleware(config),
         ],
         exception_handlers={HTTPException: _http_error},
         lifespan=lifespan,

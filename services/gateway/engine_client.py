@@ -7,9 +7,10 @@ dropped. Redis being down is never fatal: calls raise a 503 `APIError`, the back
 retry with backoff.
 
 No request waits forever for an engine that is gone: a watch task reads the engines' status
-records, and once none has been live for `engine_loss_timeout_s` it ends every open stream with
-a `no_live_engine` error (503). A scheduler restart or a replica's claim within that bound is
-invisible to the client (see `replay_guard.py`).
+records, and once none has been live for `engine_loss_timeout_s` of the time Redis answered it
+ends every open stream with a `no_live_engine` error (503); the gateway's own blindness (Redis
+down or stalled) is not engine death (`engine_watch.py`). A scheduler restart or a replica's
+claim within that bound is invisible to the client (see `replay_guard.py`).
 """
 
 from __future__ import annotations
@@ -18,11 +19,17 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable
+from typing import TypeVar
 
 import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from services.gateway.engine_watch import EngineLossClock
 from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
 from shared.keys import RedisKeys
 from shared.protocol import (
@@ -45,6 +52,7 @@ from shared.status import (
 )
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 2.0
 READ_BLOCK_MS = 1000
@@ -54,6 +62,8 @@ MAX_BACKOFF_S = 2.0
 ENGINE_WATCH_INTERVAL_S = 2.0
 REDIS_MAX_CONNECTIONS = 64  # per gateway; calls beyond wait for a free one
 REDIS_POOL_WAIT_S = 20.0  # longest wait for a free connection before a 503
+REDIS_HEALTH_CHECK_S = 1.0
+HEALTH_REDIS_TIMEOUT_S = 0.5  # /health and /metrics answer within 1 s even if Redis stalls
 
 
 class EngineClient:
@@ -79,8 +89,13 @@ class EngineClient:
             timeout=REDIS_POOL_WAIT_S,
             socket_connect_timeout=2,
             socket_timeout=5,
-            # After a Redis restart every pooled connection is stale: retry a call once on a
-            # fresh connection instead of failing a request with `redis_unavailable`.
+            # After a Redis restart every pooled connection is dead and the first call on each
+            # would fail: a connection idle a while is PINGed first, and a call that finds its
+            # connection closed is tried once more on a fresh one (an engine drops a request
+            # queued twice).
+            health_check_interval=REDIS_HEALTH_CHECK_S,
+            # Not on a timeout: a stalled Redis would hold each call twice as long.
+            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             retry_on_error=[RedisConnectionError],
         )
         self.redis = aioredis.Redis.from_pool(pool)
@@ -207,6 +222,11 @@ class EngineClient:
             records = await pipe.execute()
         return [from_fields(EngineStatus, r) for r in records if r]
 
+    async def engine_statuses_within(self, timeout_s: float) -> list[EngineStatus]:
+        """`engine_statuses()`, or a RedisError once `timeout_s` has passed: a stalled Redis
+        (stopped, overloaded) must not hold /health past a load balancer's probe timeout."""
+        return await redis_within(self.engine_statuses(), timeout_s)
+
     async def process_restarts(self) -> dict[str, int]:
         """How often `pagedserve serve` restarted each of its processes (raises RedisError)."""
         counts = await self.redis.hgetall(self.keys.process_restarts)
@@ -258,21 +278,20 @@ class EngineClient:
             queue.put_nowait(delta)
 
     async def _watch_engines(self) -> None:
-        last_live = time.monotonic()
+        clock = EngineLossClock()  # counts only while Redis answers: blindness is not death
         while True:
             await asyncio.sleep(ENGINE_WATCH_INTERVAL_S)
+            started_at = time.monotonic()
             try:
                 statuses = await self.engine_statuses()
-            except RedisError:
-                continue  # the output reader and submit() report Redis trouble
-            if any(self.is_live(s) for s in statuses):
-                last_live = time.monotonic()
-                continue
-            down_s = time.monotonic() - last_live
-            if self._streams and down_s > self.engine_loss_timeout_s:
+                any_live: bool | None = any(self.is_live(s) for s in statuses)
+            except RedisError:  # the output reader and submit() report Redis trouble
+                any_live = None
+            clock.record_read(started_at, time.monotonic(), any_live)
+            if self._streams and clock.num_dead_s > self.engine_loss_timeout_s:
                 message = (
-                    f"no engine has been live for {down_s:.0f}s (limit "
-                    f"{self.engine_loss_timeout_s:g}s); the request was not finished"
+                    f"no engine has been live for {clock.num_dead_s:.0f}s while Redis answered "
+                    f"(limit {self.engine_loss_timeout_s:g}s); the request was not finished"
                 )
                 ended = self.finish_open_streams("error", message, ERROR_NO_LIVE_ENGINE)
                 logger.error("ended %d open request(s): %s", len(ended), message)
@@ -322,6 +341,29 @@ class EngineClient:
             except RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+
+_abandoned: set[asyncio.Future[object]] = set()  # timed-out calls, until they end by themselves
+
+
+async def redis_within(work: Awaitable[T], timeout_s: float) -> T:
+    """`work` (Redis calls), or a RedisError once `timeout_s` has passed. A late call is
+    cancelled but not waited for: unwinding a call on a stalled Redis (closing its connection)
+    can itself take seconds (measured: /health at 2.05 s with `asyncio.wait_for`)."""
+    task = asyncio.ensure_future(work)
+    done, _ = await asyncio.wait({task}, timeout=timeout_s)
+    if task in done:
+        return task.result()
+    task.cancel()
+    _abandoned.add(task)  # type: ignore[arg-type]
+    task.add_done_callback(_forget)
+    raise RedisTimeoutError(f"no answer within {timeout_s:g}s")
+
+
+def _forget(task: asyncio.Future[object]) -> None:
+    _abandoned.discard(task)
+    if not task.cancelled():
+        task.exception()  # retrieved, so that asyncio does not log it as never retrieved
 
 
 def _redis_down(exc: Exception) -> APIError:

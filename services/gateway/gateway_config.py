@@ -25,6 +25,14 @@ class GatewayConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     shutdown_timeout: float = 30.0  # on SIGTERM: seconds open requests get before "abort"
     engine_loss_timeout: float = 30.0  # no live engine this long: open requests end in a 503
+    # Cheap requests stay cheap (see admission.py, http_limits.py, client_limits.py):
+    header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
+    body_timeout: float = 30.0  # and its body within this after the headers
+    # vLLM's default max_num_seqs: one request may fill one full engine batch, not more.
+    max_seqs_per_request: int = 256  # prompts x n
+    # A quarter of the default queue bound: four clients at their limit still fit.
+    max_requests_per_client: int = 1024  # open /v1/ requests per API key or address; 0: no bound
+    tokenizer_threads: int = 2  # prompts tokenized at once; the others wait
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -37,6 +45,17 @@ class GatewayConfig:
             raise ValueError(f"engine_loss_timeout must be > 0, got {self.engine_loss_timeout}")
         if self.shutdown_timeout < 0:
             raise ValueError(f"shutdown_timeout must be >= 0, got {self.shutdown_timeout}")
+        for name in ("header_timeout", "body_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("max_seqs_per_request", "tokenizer_threads", "max_body_bytes"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.max_requests_per_client < 0:
+            raise ValueError(
+                f"max_requests_per_client must be >= 0 (0: no bound), "
+                f"got {self.max_requests_per_client}"
+            )
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset to turn auth off)")
 

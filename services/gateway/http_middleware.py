@@ -8,6 +8,7 @@ import re
 import uuid
 
 from starlette.datastructures import Headers
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services.gateway.auth import check_api_key, is_open_path
@@ -60,6 +61,8 @@ class GatewayMiddleware:
             if not is_open_path(scope["path"], self.metrics_require_key):
                 check_api_key(headers.get("authorization"), self.api_key)
             await self.app(scope, receive, send_with_id)
+        except ClientDisconnect:  # gone while we read its body (or timed out): no one to answer
+            return
         except APIError as exc:
             if not started:
                 await exc.response()(scope, receive, send_with_id)

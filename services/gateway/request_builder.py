@@ -7,6 +7,7 @@ import secrets
 import time
 from dataclasses import dataclass
 
+from services.gateway.admission import check_text_fits
 from services.gateway.errors import bad_request
 from services.gateway.openai_schema import (
     SEED_MAX,
@@ -68,6 +69,10 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
+    max_tokens, param = request.sampling.max_tokens, request.max_tokens_param
+    check_text_fits(
+        text, info.max_bytes_per_token, info.max_model_len, max_tokens, "messages", param
+    )  # before tokenizing: a huge conversation is refused for the cost of its length
     # The template writes the special tokens itself; adding them again would double the BOS.
     # (unless the client asks, as vLLM's `add_special_tokens` lets it)
     token_ids = info.tokenizer.encode(

@@ -4,7 +4,6 @@ says about its end tokens and length."""
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import tempfile
@@ -12,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from services.gateway.token_bound import max_bytes_per_token
+from shared.model_facts import read_model_facts
 from shared.model_files import (
     cache_dir,
     default_model_gguf,
@@ -32,6 +33,7 @@ class TokenizerInfo:
     eos_token_ids: tuple[int, ...]
     max_model_len: int
     vocab_size: int
+    max_bytes_per_token: int | None = None  # no token is longer (None: no safe bound)
     # Logprobs name the same few thousand tokens again and again: decode each once.
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -44,31 +46,14 @@ class TokenizerInfo:
         return text
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
-def _as_ids(value: Any) -> list[int]:
-    if isinstance(value, int):
-        return [value]
-    if isinstance(value, list):
-        return [v for v in value if isinstance(v, int)]
-    return []
-
-
 def _model_facts(model_dir: Path | None, tokenizer: Any) -> tuple[tuple[int, ...], int | None]:
-    eos_ids = _as_ids(getattr(tokenizer, "eos_token_id", None))
-    max_len: int | None = None
-    if model_dir is not None:
-        eos_ids += _as_ids(_read_json(model_dir / "generation_config.json").get("eos_token_id"))
-        config = _read_json(model_dir / "config.json")
-        eos_ids += _as_ids(config.get("eos_token_id"))
-        if isinstance(config.get("max_position_embeddings"), int):
-            max_len = config["max_position_embeddings"]
-    return tuple(dict.fromkeys(eos_ids)), max_len
+    """End tokens and length limit by the one rule every service uses (`shared.model_facts`);
+    without a model directory (the default model before its conversion), the tokenizer's."""
+    if model_dir is None:
+        eos = getattr(tokenizer, "eos_token_id", None)
+        return ((eos,) if isinstance(eos, int) else ()), None
+    facts = read_model_facts(model_dir)
+    return facts.eos_token_ids, facts.max_model_len
 
 
 def load_tokenizer(model: str, max_model_len: int | None = None) -> TokenizerInfo:
@@ -130,6 +115,7 @@ def tokenizer_info(
         eos_token_ids=eos_ids,
         max_model_len=max_model_len,
         vocab_size=len(tokenizer),
+        max_bytes_per_token=max_bytes_per_token(tokenizer),
     )
 
 

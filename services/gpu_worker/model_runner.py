@@ -14,6 +14,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,6 +43,7 @@ from shared.config import (
     default_block_size,
     default_max_num_batched_tokens,
 )
+from shared.model_facts import length_limit
 from shared.protocol import PromptLogprobs, StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -82,17 +84,13 @@ def cpu_threads(world_size: int) -> int:
     return max(1, min(num_cores, idle) // world_size)
 
 
-def model_len_limit(config: object) -> int:
-    """The longest sequence the model handles exactly: its position limit, or its sliding
-    window where it has one (sliding-window attention is not implemented, so sequences are
-    kept inside the window, where full attention is the same thing)."""
-    limit = int(config.max_position_embeddings)
-    window = getattr(config, "sliding_window", None)
-    uses_window = getattr(
-        config, "use_sliding_window", getattr(config, "model_type", "") == "mistral"
-    )
-    if window and uses_window:
-        limit = min(limit, int(window))
+def model_len_limit(config: Any) -> int:
+    """The longest sequence the model handles exactly, by the rule every service uses
+    (`shared.model_facts.length_limit`: the position limit, capped at a sliding window)."""
+    fields = config.to_dict() if hasattr(config, "to_dict") else vars(config)
+    limit = length_limit(fields)
+    if limit is None:
+        raise ValueError("the model's config.json states no max_position_embeddings")
     return limit
 
 

@@ -61,7 +61,11 @@ def start_gateway(
     fields.update(overrides)
     config = GatewayConfig(**fields)  # type: ignore[arg-type]
     client = EngineClient(
-        config.redis_url, config.namespace, config.gateway_id, config.max_pending_requests
+        config.redis_url,
+        config.namespace,
+        config.gateway_id,
+        config.max_pending_requests,
+        config.engine_loss_timeout,
     )
     app = build_app(config, info, client)
     server = uvicorn.Server(

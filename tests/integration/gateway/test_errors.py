@@ -29,7 +29,7 @@ def error_of(response: httpx.Response, status: int) -> dict:
 
 def still_serving(c: httpx.Client) -> None:
     r = c.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "ok", "max_tokens": 60})
-    assert r.status_code == 200 and r.json()["choices"][0]["text"] == DEFAULT_REPLY
+    assert r.status_code == 200 and r.json()["choices"][0]["text"] == DEFAULT_REPLY, r.text
 
 
 BAD_BODIES = [

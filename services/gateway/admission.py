@@ -1,0 +1,68 @@
+"""Cheap refusals, before the expensive work: a request that cannot be served is refused for
+what it costs to look at it, never after tokenizing megabytes or fanning out a thousand
+sequences. A text prompt's size bounds its token count from below (`token_bound.py`): a text
+whose bound already exceeds the model's length gets the same 400 as a prompt found too long
+after tokenizing.
+"""
+
+from __future__ import annotations
+
+from services.gateway.errors import bad_request
+from services.gateway.openai_schema import ChatRequest, CompletionRequest
+from services.gateway.token_bound import min_num_tokens
+from services.gateway.tokenizer import TokenizerInfo
+
+
+def check_text_fits(
+    text: str,
+    bytes_per_token: int | None,
+    max_model_len: int,
+    max_tokens: int | None,
+    prompt_param: str = "prompt",
+    max_tokens_param: str = "max_tokens",
+) -> None:
+    """A 400, before tokenizing, for a text that cannot fit `max_model_len` (with its
+    `max_tokens`) however it tokenizes."""
+    if bytes_per_token is None:
+        return
+    num_min = min_num_tokens(text, bytes_per_token)
+    if num_min >= max_model_len:
+        raise bad_request(
+            f"the prompt has at least {num_min} tokens ({len(text)} characters, no token "
+            f"longer than {bytes_per_token} bytes), which leaves no room in this model's "
+            f"maximum context length of {max_model_len} tokens",
+            prompt_param,
+        )
+    if max_tokens is not None and num_min + max_tokens > max_model_len:
+        raise bad_request(
+            f"this model's maximum context length is {max_model_len} tokens, but the prompt "
+            f"has at least {num_min} tokens + {max_tokens} for `{max_tokens_param}` were "
+            "requested",
+            max_tokens_param,
+        )
+
+
+def check_num_sequences(num_prompts: int, n: int, limit: int) -> None:
+    """A 400 when one request asks for more sequences (prompts x n) than `limit`."""
+    if num_prompts * n > limit:
+        raise bad_request(
+            f"this request asks for {num_prompts} prompt(s) x n={n} = {num_prompts * n} "
+            f"sequences; the limit is {limit} per request (--max-seqs-per-request)",
+            "n",
+        )
+
+
+def admit_completion(request: CompletionRequest, info: TokenizerInfo, max_seqs: int) -> None:
+    """What a completion request can be refused for before any tokenizing."""
+    check_num_sequences(len(request.prompts), request.sampling.n, max_seqs)
+    for prompt in request.prompts:
+        if isinstance(prompt, str):  # token id lists are checked exactly, for free, later
+            check_text_fits(
+                prompt, info.max_bytes_per_token, info.max_model_len, request.sampling.max_tokens
+            )
+
+
+def admit_chat(request: ChatRequest, max_seqs: int) -> None:
+    """What a chat request can be refused for before rendering its template; the rendered
+    text is size-checked before tokenizing (`request_builder.tokenize_chat`)."""
+    check_num_sequences(1, request.sampling.n, max_seqs)
