@@ -48,6 +48,14 @@ class ServeOptions:
     # defaults (30 s, 60 s), since serve restarts it and a restart reloads torch and the model.
     engine_loss_timeout: float = SERVE_ENGINE_WAIT_S
     worker_recovery_timeout: float = SERVE_ENGINE_WAIT_S
+    step_timeout: float = 60.0
+    # the gateways' limits on what one request or client may cost (shared/options.py)
+    max_body_bytes: int = 8 * 1024 * 1024
+    header_timeout: float = 10.0
+    body_timeout: float = 30.0
+    max_seqs_per_request: int = 256
+    max_requests_per_client: int = 1024
+    tokenizer_threads: int = 2
 
 
 @dataclass(frozen=True)
@@ -106,6 +114,7 @@ def scheduler_spec(
         "max_model_len": options.max_model_len,
         "no_prefix_caching": not options.enable_prefix_caching,
         "worker_recovery_timeout": options.worker_recovery_timeout,
+        "step_timeout": options.step_timeout,
     })  # fmt: skip
     return ChildSpec(
         "scheduler",
@@ -167,6 +176,12 @@ def gateway_spec(
         "shutdown_timeout": options.shutdown_timeout,
         "engine_loss_timeout": options.engine_loss_timeout,
         "max_model_len": options.max_model_len,
+        "max_body_bytes": options.max_body_bytes,
+        "header_timeout": options.header_timeout,
+        "body_timeout": options.body_timeout,
+        "max_seqs_per_request": options.max_seqs_per_request,
+        "max_requests_per_client": options.max_requests_per_client,
+        "tokenizer_threads": options.tokenizer_threads,
     })  # fmt: skip
     # The key goes through the environment: a command line is visible to every local user.
     env = child_env({"PAGEDSERVE_API_KEY": options.api_key} if options.api_key else None)

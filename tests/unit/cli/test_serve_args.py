@@ -194,3 +194,17 @@ def test_a_restarted_gateway_takes_a_new_id_on_the_same_port() -> None:
     ]
     assert ids == [f"{options.engine_id}-gateway1", f"{options.engine_id}-gateway1-r2"]
     assert parse_service_args("services.gateway", again.argv[3:], {}).port == 9001
+
+
+def test_the_step_timeout_and_gateway_limits_reach_their_children() -> None:
+    argv = ("--step-timeout", "90", "--max-body-bytes", "1000", "--header-timeout", "3",
+            "--body-timeout", "4", "--max-seqs-per-request", "8",
+            "--max-requests-per-client", "16", "--tokenizer-threads", "1")  # fmt: skip
+    plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
+    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+    assert scheduler.step_timeout == 90.0
+    limits = (gateway.max_body_bytes, gateway.header_timeout, gateway.body_timeout,
+              gateway.max_seqs_per_request, gateway.max_requests_per_client,
+              gateway.tokenizer_threads)  # fmt: skip
+    assert limits == (1000, 3.0, 4.0, 8, 16, 1)
