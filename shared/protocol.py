@@ -33,6 +33,21 @@ class ProtocolError(ValueError):
 # Requests (gateway -> scheduler)
 
 
+# StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
+# response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
+STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the generated text: `kind` "json" (spec: a JSON schema, serialized with
+    sorted keys so that equal schemas share one compiled grammar), "json_object" (any JSON
+    object; spec ""), "regex" or "grammar" (EBNF / GBNF, `root ::= ...`)."""
+
+    kind: str
+    spec: str
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens for one sequence. Validation with user-facing messages happens in the
@@ -52,6 +67,7 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+    structured_output: StructuredOutput | None = None  # constrained decoding; None: free text
 
     @property
     def is_greedy(self) -> bool:
@@ -77,6 +93,11 @@ class SamplingParams:
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        structured = self.structured_output
+        if structured is not None and structured.kind not in STRUCTURED_KINDS:
+            problems.append(
+                f"structured_output.kind must be one of {STRUCTURED_KINDS}, got {structured.kind!r}"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -220,6 +241,11 @@ class StepResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # a failed step: every sequence in it is failed with this
     execute_time_s: float = 0.0
+    # sequences that reached their sampling point but were not sampled because their grammar
+    # is still compiling: the scheduler runs their last token again next step
+    deferred_seq_ids: list[str] = field(default_factory=list)
+    # sequences that cannot be sampled at all (their grammar failed to compile): seq_id -> why
+    seq_errors: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,6 +271,7 @@ _MESSAGE_TYPES: tuple[type, ...] = (
     WorkerHello,
     StepResult,
     Heartbeat,
+    StructuredOutput,
 )
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {

@@ -36,6 +36,27 @@ class SamplingRow:
 
 
 @dataclass(frozen=True, slots=True)
+class AllowedTokens:
+    """Structured outputs' masks for some rows: token t is allowed in row `row_ids[i]` when bit
+    t % 32 of `bitmask[i, t // 32]` is set (xgrammar's and llguidance's layout)."""
+
+    row_ids: list[int]
+    bitmask: torch.Tensor  # [len(row_ids), ceil(V / 32)] int32
+
+
+def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
+    """`logits` with -inf on every token that `allowed` forbids in its rows."""
+    vocab = logits.shape[1]
+    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
+    words = allowed.bitmask.to(logits.device)
+    masks = ((words.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab]  # [R, V]
+    index = torch.tensor(allowed.row_ids, device=logits.device)
+    logits = logits.clone()
+    logits[index] = logits[index].masked_fill(masks == 0, float("-inf"))
+    return logits
+
+
+@dataclass(frozen=True, slots=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[float] | None  # per row, when any row asked for logprobs
@@ -194,12 +215,17 @@ def _needs_penalties(rows: list[SamplingRow]) -> bool:
     )
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-    """One token per row of float32 `logits` [B, V]."""
+def sample(
+    logits: torch.Tensor, rows: list[SamplingRow], allowed: AllowedTokens | None = None
+) -> SamplerOutput:
+    """One token per row of float32 `logits` [B, V]; rows that `allowed` constrains sample only
+    tokens it allows (logprobs stay those of the raw distribution)."""
     raw_logits = logits
     if _needs_penalties(rows):
         logits = apply_penalties(logits, rows)
     logits = mask_min_tokens(logits, rows)
+    if allowed is not None and allowed.row_ids:
+        logits = apply_allowed_tokens(logits, allowed)
     token_ids = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_rows:
