@@ -33,6 +33,7 @@ from services.gateway.drain import Drainer, DrainMiddleware
 from services.gateway.engine_client import EngineClient
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
+from services.gateway.grammar_validator import GrammarValidator
 from services.gateway.http_middleware import GatewayMiddleware
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.openai_schema import (
@@ -158,6 +159,7 @@ class GatewayRoutes:
         self.client = client
         self.metrics = GatewayMetrics(config.model_name)
         self.created = int(time.time())
+        self.grammars = GrammarValidator()
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.config.model_name, self.config.model):
@@ -203,6 +205,7 @@ class GatewayRoutes:
         prompts: list[PromptInput],
     ) -> Response:
         options = parsed.sampling
+        await self.grammars.check(options.structured)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(response_id, prompts, options, self.info, self.client.gateway_id)
@@ -211,7 +214,7 @@ class GatewayRoutes:
         session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
         formatter = ResponseFormatter(
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
-            want_logprobs,
+            want_logprobs, options.structured and options.structured.tool_call,
         )  # fmt: skip
         await session.submit()
         try:
@@ -238,7 +241,11 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if update.text or update.logprobs or update.finish_reason:
+                    if formatter.tool_call is not None:  # held back until the call is whole
+                        if update.finish_reason:
+                            text = session.processors[index].text
+                            yield sse_event(formatter.tool_call_chunk(index, update, text))
+                    elif update.text or update.logprobs or update.finish_reason:
                         yield sse_event(formatter.chunk(index, update))
             if include_usage:
                 yield sse_event(formatter.usage_chunk(session.usage()))

@@ -9,11 +9,13 @@ Unknown fields are ignored, as OpenAI's SDKs send extras; fields we cannot honou
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.errors import bad_request
+from services.gateway.structured_outputs import StructuredRequest, read_structured
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
@@ -25,7 +27,7 @@ MAX_MESSAGES = 1024
 SEED_LIMIT = 2**63  # seeds live in [0, 2**63); choice i uses (seed + i) % SEED_LIMIT
 PRIORITY_LIMIT = 2**31
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-UNSUPPORTED = ("echo", "suffix", "logit_bias", "tools", "functions", "response_format")
+UNSUPPORTED = ("echo", "suffix", "logit_bias", "functions")
 
 
 @dataclass(frozen=True)
@@ -48,6 +50,7 @@ class SamplingOptions:
     logprobs: int | None = None  # None: none; k: the sampled token's plus top k
     n: int = 1
     priority: int = 0
+    structured: StructuredRequest | None = None  # response_format, guided_*, tools, ...
 
 
 @dataclass(frozen=True)
@@ -279,7 +282,9 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     return CompletionRequest(
         model=_read_model(body),
         prompts=_read_prompts(body),
-        sampling=read_sampling(body, "max_tokens", logprobs),
+        sampling=dataclasses.replace(
+            read_sampling(body, "max_tokens", logprobs), structured=read_structured(body, False)
+        ),
         stream=stream,
         include_usage=include_usage,
     )
@@ -343,7 +348,9 @@ def parse_chat_request(body: Any) -> ChatRequest:
     return ChatRequest(
         model=_read_model(body),
         messages=_read_messages(body),
-        sampling=read_sampling(body, name, logprobs),
+        sampling=dataclasses.replace(
+            read_sampling(body, name, logprobs), structured=read_structured(body, True)
+        ),
         stream=stream,
         include_usage=include_usage,
         add_generation_prompt=read_bool(body, "add_generation_prompt", True),

@@ -118,6 +118,7 @@ def sampling_params(
         eos_token_ids=info.eos_token_ids,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
+        structured_output=options.structured.output if options.structured else None,
     )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
 from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from services.gateway.tool_calls import ToolCallMode, as_tool_call_message
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class ResponseFormatter:
     model: str
     created: int
     want_logprobs: bool
+    tool_call: ToolCallMode | None = None  # chat outputs to return as tool_calls
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -70,6 +72,19 @@ class ResponseFormatter:
         choice["finish_reason"] = update.finish_reason
         return self._envelope("text_completion", [choice])
 
+    def tool_call_chunk(self, index: int, update: ChoiceUpdate, text: str) -> dict[str, Any]:
+        """A streamed tool call comes whole, in the chunk that finishes its choice (`text`:
+        the choice's whole output)."""
+        assert self.tool_call is not None
+        message = {"role": "assistant", "content": text}
+        message, reason = as_tool_call_message(message, update.finish_reason, self.tool_call)
+        delta: dict[str, Any] = {"content": text} if message.get("content") else {}
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        choice = {"index": index, "delta": delta, "logprobs": self._logprobs(update.logprobs)}
+        choice["finish_reason"] = reason
+        return self._envelope("chat.completion.chunk", [choice])
+
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = self._envelope(name, [])
@@ -90,6 +105,10 @@ class ResponseFormatter:
                 choice = {"index": index, "text": processor.text}
             choice["logprobs"] = self._logprobs(logprobs[index])
             choice["finish_reason"] = processor.finish_reason
+            if self.kind == "chat" and self.tool_call is not None:
+                choice["message"], choice["finish_reason"] = as_tool_call_message(
+                    choice["message"], processor.finish_reason, self.tool_call
+                )
             choices.append(choice)
         body = self._envelope(
             "chat.completion" if self.kind == "chat" else "text_completion", choices
