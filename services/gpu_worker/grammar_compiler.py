@@ -18,6 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from services.gpu_worker.json_schema_fixups import fix_json_schema
 from shared.protocol import StructuredOutput
 
 logger = logging.getLogger(__name__)
@@ -69,7 +70,9 @@ class GrammarCompiler:
             ) from exc
         try:
             if spec.kind == "json":
-                compiled = compiler.compile_json_schema(spec.spec, any_whitespace=False)
+                compiled = compiler.compile_json_schema(
+                    fix_json_schema(spec.spec), any_whitespace=False
+                )
             elif spec.kind == "json_object":
                 compiled = compiler.compile_json_schema(
                     ANY_JSON_OBJECT, any_whitespace=False, strict_mode=False
