@@ -48,7 +48,7 @@ JSON_SCHEMAS: list[dict[str, Any]] = [
                 "maxItems": 2,
             }
         }
-    ),  # fmt: skip
+    ),
     _obj({"level": {"type": "integer", "enum": [1, 2, 3]}, "note": _SHORT}, required=["level"]),
     _obj({"a": _obj({"b": _obj({"c": {"type": "boolean"}})})}),
     _obj({"items": {"type": "array", "maxItems": 2, "items": _obj({"sku": _SHORT, "qty": _AGE})}}),
@@ -61,13 +61,13 @@ JSON_SCHEMAS: list[dict[str, Any]] = [
             "genres": {"type": "array", "items": _COLOR, "maxItems": 2},
         },
         required=["title", "pages"],
-    ),  # fmt: skip
+    ),
     _obj(
         {
             "lat": {"type": "number", "minimum": -90, "maximum": 90},
             "lon": {"type": "number", "minimum": -180, "maximum": 180},
         }
-    ),  # fmt: skip
+    ),
     _obj(
         {
             "event": _NAME,
@@ -78,7 +78,7 @@ JSON_SCHEMAS: list[dict[str, Any]] = [
                 "maxItems": 2,
             },
         }
-    ),  # fmt: skip
+    ),
 ]
 
 REGEXES: list[str] = [
@@ -104,7 +104,7 @@ MID_SIZE_SCHEMA: dict[str, Any] = _obj(
         "role": {"enum": ["admin", "editor", "viewer"]},
         "address": _obj(
             {"street": _NAME, "city": _NAME, "zip": {"type": "string", "pattern": "[0-9]{5}"}}
-        ),  # fmt: skip
+        ),
         "scores": {"type": "array", "items": _SCORE, "maxItems": 3},
         "active": {"type": "boolean"},
     },

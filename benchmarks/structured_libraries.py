@@ -6,7 +6,7 @@ rests on.
     python -m benchmarks.structured_libraries [--steps 16] [--out benchmarks/results/...]
 
 Each step fills the bitmask of every sequence, then advances each matcher by one token that
-its mask allows (a random allowed one, seeded, so both libraries walk paths like those of sampling)."""
+its mask allows (a random allowed one, seeded: paths like those of sampling)."""
 
 from __future__ import annotations
 
@@ -21,7 +21,6 @@ import torch
 
 from benchmarks.structured_cases import JSON_SCHEMAS, MID_SIZE_SCHEMA
 from services.gpu_worker.default_model import ensure_model
-
 
 _BITS = torch.arange(32, dtype=torch.int32)
 
