@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test test-unit test-integration test-kernels test-reliability lint format bench bench-kernels clean
+.PHONY: install serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
 
 install: $(STAMP)
 
@@ -39,6 +39,12 @@ test-kernels: install
 test-reliability: install
 	$(BIN)/python -m pytest tests/integration/reliability $(PYTEST_ARGS)
 
+# The compose deployment for real (README "Deployment with Docker Compose"): installs and starts
+# Docker when missing, builds the base images, wheelhouse and CPU image, then scales, serves,
+# fails over and tears down. Minutes of CPU: not part of `make test`.
+test-compose: install
+	$(BIN)/python -m pytest -m compose tests/compose -v $(PYTEST_ARGS)
+
 lint: install
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
@@ -52,6 +58,12 @@ bench: install
 
 bench-kernels: install
 	$(BIN)/python -m benchmarks.kernels
+
+# On a CUDA machine: kernels vs a float64 oracle, kernel bandwidth, engine CUDA vs CPU, serve +
+# bench vs HF, in <= 8 minutes, into benchmarks/results/device_check/. PYTHON_BIN overrides the
+# interpreter (a GPU image's own python with torch, say).
+device-check:
+	$(or $(PYTHON_BIN),$(wildcard $(BIN)/python),python3) -m benchmarks.device_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

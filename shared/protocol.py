@@ -19,6 +19,7 @@ A step plan sends a sequence in full once (`NewSequence`), then only what change
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +33,8 @@ class ProtocolError(ValueError):
 # ---------------------------------------------------------------------------------------------
 # Requests (gateway -> scheduler)
 
+
+GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
 
 # StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
 # response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
@@ -55,7 +58,7 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: all tokens
+    top_k: int = -1  # -1 or 0: all tokens (as vLLM)
     min_p: float = 0.0
     seed: int | None = None
     presence_penalty: float = 0.0
@@ -67,11 +70,14 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+    # log-softmax of every prompt position's token (and its top k); None: none
+    prompt_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
     structured_output: StructuredOutput | None = None  # constrained decoding; None: free text
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self) -> None:
         problems = []
@@ -79,20 +85,22 @@ class SamplingParams:
             problems.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            problems.append(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             problems.append(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0:
+            problems.append(f"max_tokens must be >= 0, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             problems.append(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         structured = self.structured_output
         if structured is not None and structured.kind not in STRUCTURED_KINDS:
             problems.append(
@@ -122,6 +130,16 @@ class AbortRequest:
 # Outputs (scheduler -> gateway)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """The model's log-softmax at every prompt position after the first: entry i is about
+    prompt token i + 1 given tokens 0..i (the first token has no logprob)."""
+
+    token_logprobs: list[float]
+    ranks: list[int]  # 1 + how many tokens were more likely than the prompt's own
+    top_logprobs: list[list[tuple[int, float]]]  # per position, best first (k each)
+
+
 # TokenDelta.error_code values: what kind of failure, so the gateway can pick the HTTP status.
 ERROR_QUEUE_FULL = "queue_full"  # retryable: 503 with Retry-After
 ERROR_INVALID_REQUEST = "invalid_request"  # the request can never run: 400
@@ -143,6 +161,7 @@ class TokenDelta:
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop token id that ended it, if any
+    prompt_logprobs: PromptLogprobs | None = None  # once, with the first token, when asked
 
     @property
     def finished(self) -> bool:
@@ -226,8 +245,9 @@ class WorkerHello:
     model: str
     pid: int = 0
     # the per-step token budget this rank sized itself for (its device default unless given);
-    # a scheduler given none adopts the first hello's
+    # a scheduler given none adopts rank 0's
     max_num_batched_tokens: int = 2048
+    vocab_size: int = 0  # token ids the model knows are below this; 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +261,8 @@ class StepResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # a failed step: every sequence in it is failed with this
     execute_time_s: float = 0.0
+    # per sampled sequence: its prompt's logprobs, when asked for and finished this step
+    prompt_logprobs: list[PromptLogprobs | None] | None = None
     # sequences that reached their sampling point but were not sampled because their grammar
     # is still compiling: the scheduler runs their last token again next step
     deferred_seq_ids: list[str] = field(default_factory=list)
@@ -248,11 +270,28 @@ class StepResult:
     seq_errors: dict[str, str] = field(default_factory=dict)
 
 
+ROLE_SCHEDULER = "scheduler"
+ROLE_WORKER = "worker"
+
+
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    sender: str  # "scheduler" or "worker:<rank>"
+    """ "I am alive", both ways. A scheduler's names its epoch (one view of its workers: a
+    worker that sees a new one drops its state and says hello); a worker's names its rank."""
+
+    role: str  # ROLE_SCHEDULER | ROLE_WORKER
     time: float
-    step_id: int = -1
+    step_id: int = -1  # the last step the sender published (scheduler) or started (worker)
+    rank: int = 0  # a worker's rank
+    epoch: str = ""  # a scheduler's epoch
+
+    @classmethod
+    def from_scheduler(cls, epoch: str, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_SCHEDULER, time=time.time(), step_id=step_id, epoch=epoch)
+
+    @classmethod
+    def from_worker(cls, rank: int, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_WORKER, time=time.time(), step_id=step_id, rank=rank)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -271,6 +310,7 @@ _MESSAGE_TYPES: tuple[type, ...] = (
     WorkerHello,
     StepResult,
     Heartbeat,
+    PromptLogprobs,  # new types go last: a message's tag is its position
     StructuredOutput,
 )
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
@@ -301,6 +341,8 @@ def _ext_hook(tag: int, data: bytes) -> Any:
     kwargs = dict(zip(names, values, strict=True))
     for name in _TUPLE_FIELDS.get(cls, ()):
         kwargs[name] = tuple(kwargs[name])
+    if cls is SamplingParams:
+        kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
     return cls(**kwargs)
 
 

@@ -203,6 +203,11 @@ class EngineClient:
             records = await pipe.execute()
         return [from_fields(EngineStatus, r) for r in records if r]
 
+    async def process_restarts(self) -> dict[str, int]:
+        """How often `pagedserve serve` restarted each of its processes (raises RedisError)."""
+        counts = await self.redis.hgetall(self.keys.process_restarts)
+        return {name.decode(): int(value) for name, value in counts.items()}
+
     @staticmethod
     def is_live(status: EngineStatus, now: float | None = None) -> bool:
         now = time.time() if now is None else now

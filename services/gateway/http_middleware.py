@@ -16,6 +16,8 @@ from services.gateway.errors import APIError
 logger = logging.getLogger(__name__)
 
 REQUEST_ID_HEADER = "x-request-id"
+# Names the replica that answered, so that a client behind a load balancer can tell them apart.
+GATEWAY_ID_HEADER = "x-pagedserve-gateway"
 _SANE_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 
 
@@ -26,10 +28,13 @@ def request_id_of(headers: Headers) -> str:
 
 
 class GatewayMiddleware:
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics_require_key: bool) -> None:
+    def __init__(
+        self, app: ASGIApp, api_key: str | None, metrics_require_key: bool, gateway_id: str = ""
+    ) -> None:
         self.app = app
         self.api_key = api_key
         self.metrics_require_key = metrics_require_key
+        self.gateway_id = gateway_id
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -46,6 +51,8 @@ class GatewayMiddleware:
                 started = True
                 raw = list(message.get("headers", []))
                 raw.append((REQUEST_ID_HEADER.encode(), request_id.encode()))
+                if self.gateway_id:
+                    raw.append((GATEWAY_ID_HEADER.encode(), self.gateway_id.encode()))
                 message = {**message, "headers": raw}
             await send(message)
 

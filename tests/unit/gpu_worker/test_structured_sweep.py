@@ -25,7 +25,7 @@ from services.engine import LLMEngine
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import SamplingParams, StructuredOutput
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 OUTPUTS_PER_SCHEMA = 10
 OUTPUTS_PER_PATTERN = 8
@@ -36,7 +36,7 @@ def engine() -> LLMEngine:
     return LLMEngine(
         "smollm2",
         SchedulerConfig(max_model_len=512, max_num_seqs=128),
-        CacheConfig(num_blocks=800),  # less than the batch needs: forces preemptions
+        CacheConfig(num_blocks=300),  # far less than the batch needs: forces preemptions
     )
 
 
