@@ -332,7 +332,8 @@ class ModelRunner:
             new_row = {old: new for new, old in enumerate(keep)}
             if masks.bitmask is not None:
                 allowed = AllowedTokens([new_row[r] for r in masks.row_ids], masks.bitmask)
-            logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+            if unready:  # a copy of the logits only when some rows sit this step out
+                logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
             deferred = [sampled[i].seq_id for i in masks.deferred_rows]
             errors = {sampled[i].seq_id: why for i, why in masks.row_errors.items()}
             sampled = [sampled[i] for i in keep]
