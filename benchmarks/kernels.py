@@ -247,6 +247,7 @@ def launchers(
         list(case.context_lens),
         case.num_heads,
         case.num_kv_heads,
+        i["query"].dtype,
         i["query"].device,
     )
     return (

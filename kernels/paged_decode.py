@@ -22,14 +22,17 @@ from kernels.launch_checks import (
     check_device,
     check_index,
     check_query,
+    decode_num_warps,
     next_power_of_2,
     num_multiprocessors,
     output_like,
+    tile_size,
     upcast_for_dot,
 )
 
 LOG2_E = 1.4426950408889634
-# Tokens per KV tile: a few pages per iteration, and at least one page.
+# Tokens per KV tile for the split heuristic: a few pages per iteration, and at least one
+# page (`launch_checks.tile_size` sets the kernel's; smaller for fp32 on CUDA).
 TILE_TOKENS = 64
 # Split only when fewer programs than this many per SM would run, and keep each split at
 # least this many tiles long so the reduce stays cheap next to the main pass.
@@ -249,7 +252,7 @@ def paged_decode_attention(
         num_sms = num_multiprocessors(query.device)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
     group = num_heads // num_kv_heads
-    tile_n = max(TILE_TOKENS, block_size)
+    tile_n = max(tile_size(query.dtype, query.device), block_size)
     split = num_splits > 1
     if split:
         tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
@@ -285,6 +288,7 @@ def paged_decode_attention(
         TILE_N=tile_n,
         SPLIT=split,
         UPCAST=upcast_for_dot(query),
+        num_warps=decode_num_warps(query.dtype, query.device),
     )
     if split:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](

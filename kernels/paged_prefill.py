@@ -29,13 +29,11 @@ from kernels.launch_checks import (
     check_query,
     next_power_of_2,
     output_like,
+    tile_size,
     upcast_for_dot,
 )
 
 LOG2_E = 1.4426950408889634
-# Rows (query tokens x group heads) per program, and KV tokens per inner iteration.
-ROWS_PER_PROGRAM = 64
-TILE_TOKENS = 64
 # "flat": one program per query tile that exists; "padded": the (sequences x tiles of the
 # longest chunk) grid this kernel had first, kept selectable to measure the difference.
 PREFILL_GRIDS = ("flat", "padded")
@@ -172,11 +170,12 @@ def check_prefill_args(
         raise ValueError("block_tables must be contiguous in its last dim")
 
 
-def choose_block_q(group: int) -> tuple[int, int]:
+def choose_block_q(group: int, rows_per_program: int = 64) -> tuple[int, int]:
     """(BLOCK_Q, GROUP_PAD): query tokens per program and padded group, with
-    BLOCK_Q * GROUP_PAD = max(ROWS_PER_PROGRAM, GROUP_PAD) rows."""
+    BLOCK_Q * GROUP_PAD = max(rows_per_program, GROUP_PAD) rows (rows: query tokens x group
+    heads; `launch_checks.tile_size` picks how many)."""
     group_pad = next_power_of_2(group)
-    block_q = max(1, ROWS_PER_PROGRAM // group_pad)
+    block_q = max(1, rows_per_program // group_pad)
     if block_q * group_pad < MIN_DOT_DIM:
         group_pad = MIN_DOT_DIM // block_q
     return block_q, group_pad
@@ -206,11 +205,13 @@ def build_work_items(
     seq_lens: list[int],
     num_heads: int,
     num_kv_heads: int,
+    dtype: torch.dtype,
     device: torch.device,
 ) -> torch.Tensor:  # [W, 2] int32 on device
     """The flat grid's work list for a step, from host-side lengths: build it once per step
-    and pass it to every layer's `paged_prefill_attention(work_items=...)`."""
-    block_q, _ = choose_block_q(num_heads // num_kv_heads)
+    and pass it to every layer's `paged_prefill_attention(work_items=...)` for a query of
+    this dtype on this device (which set the tile size)."""
+    block_q, _ = choose_block_q(num_heads // num_kv_heads, tile_size(dtype, device))
     items = prefill_work_items(torch.tensor(query_lens), torch.tensor(seq_lens), block_q)
     return items.to(device)
 
@@ -273,7 +274,8 @@ def paged_prefill_attention(
     if num_tokens == 0 or num_seqs == 0:
         return out
     group = num_heads // num_kv_heads
-    block_q, group_pad = choose_block_q(group)
+    tile = tile_size(query.dtype, query.device)
+    block_q, group_pad = choose_block_q(group, tile)
     if grid == "flat" and work_items is None:
         query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
         work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
@@ -308,7 +310,7 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim,
         HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
-        TILE_N=max(TILE_TOKENS, block_size),
+        TILE_N=max(tile, block_size),
         UPCAST=upcast_for_dot(query),
         FLAT_GRID=grid == "flat",
     )

@@ -33,7 +33,8 @@ class Deployment:
 
     def describe(self) -> str:
         ports = ",".join(str(p) for p in self.ports)
-        return f"port {ports} (pid {self.pid}, model {self.model}, namespace {self.namespace})"
+        label = "ports" if len(self.ports) > 1 else "port"
+        return f"{label} {ports} (pid {self.pid}, model {self.model}, namespace {self.namespace})"
 
 
 def runtime_dir() -> Path:

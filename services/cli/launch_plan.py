@@ -13,6 +13,7 @@ from shared.options import option_argv
 from shared.transport import ipc_address
 
 LOOPBACK = "127.0.0.1"
+SERVE_ENGINE_WAIT_S = 120.0  # ~30-60 s for a worker's restart on a loaded 2-core box, doubled
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class ServeOptions:
     engine_id: str = "engine0"
     shutdown_timeout: float = 30.0
     startup_timeout: float = 600.0
+    # The gateways' and the scheduler's wait for a dead engine process: longer than their own
+    # defaults (30 s, 60 s), since serve restarts it and a restart reloads torch and the model.
+    engine_loss_timeout: float = SERVE_ENGINE_WAIT_S
+    worker_recovery_timeout: float = SERVE_ENGINE_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ def scheduler_spec(
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "max_model_len": options.max_model_len,
         "no_prefix_caching": not options.enable_prefix_caching,
+        "worker_recovery_timeout": options.worker_recovery_timeout,
     })  # fmt: skip
     return ChildSpec(
         "scheduler",
@@ -159,6 +165,7 @@ def gateway_spec(
         "port": port,
         "gateway_id": gateway_id,
         "shutdown_timeout": options.shutdown_timeout,
+        "engine_loss_timeout": options.engine_loss_timeout,
         "max_model_len": options.max_model_len,
     })  # fmt: skip
     # The key goes through the environment: a command line is visible to every local user.

@@ -16,7 +16,7 @@ import socket
 import sys
 from dataclasses import fields
 
-from services.cli.launch_plan import Ports, ServeOptions
+from services.cli.launch_plan import SERVE_ENGINE_WAIT_S, Ports, ServeOptions
 from services.cli.local_cluster import LocalCluster
 from services.cli.ports import free_port, is_port_free
 from services.cli.redis_launcher import RedisNotFoundError, find_redis_server
@@ -48,6 +48,11 @@ SERVE_OPTIONS = (
     "namespace", use("engine_id", help="default: engine-HOSTNAME-PID"),
     use("shutdown_timeout", help="seconds open requests get on SIGTERM/Ctrl-C"),
     "startup_timeout",
+    # serve restarts a dead engine process itself: open requests wait for it
+    use("engine_loss_timeout", default=SERVE_ENGINE_WAIT_S,
+        help="seconds the gateways keep open requests while no engine is live"),
+    use("worker_recovery_timeout", default=SERVE_ENGINE_WAIT_S,
+        help="seconds the scheduler keeps unfinished requests while it has no workers"),
 )  # fmt: skip
 
 
@@ -79,6 +84,10 @@ def _check_bounds(o: ServeOptions) -> None:
         )
     if o.shutdown_timeout < 0:
         problems.append(f"--shutdown-timeout must be >= 0, got {o.shutdown_timeout}")
+    for flag, value in (("--engine-loss-timeout", o.engine_loss_timeout),
+                        ("--worker-recovery-timeout", o.worker_recovery_timeout)):  # fmt: skip
+        if value <= 0:
+            problems.append(f"{flag} must be > 0, got {value}")
     if o.startup_timeout <= 0:
         problems.append(f"--startup-timeout must be > 0, got {o.startup_timeout}")
     if o.kv_cache_memory is not None and o.kv_cache_memory < 1:

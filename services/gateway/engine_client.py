@@ -20,6 +20,7 @@ import logging
 import time
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
@@ -78,6 +79,9 @@ class EngineClient:
             timeout=REDIS_POOL_WAIT_S,
             socket_connect_timeout=2,
             socket_timeout=5,
+            # After a Redis restart every pooled connection is stale: retry a call once on a
+            # fresh connection instead of failing a request with `redis_unavailable`.
+            retry_on_error=[RedisConnectionError],
         )
         self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}

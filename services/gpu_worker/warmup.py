@@ -42,8 +42,8 @@ class AttentionShape:
 
 def sampler_rows(num_rows: int, vocab_size: int) -> list[SamplingRow]:
     """`num_rows` rows that together take every branch of `sample`: greedy and random rows,
-    penalties over a prompt and an output, top-k/top-p/min-p, seeded and unseeded draws,
-    the min_tokens mask, and logprobs with the most alternatives allowed."""
+    penalties over a prompt and an output, a logit bias, top-k/top-p/min-p, seeded and
+    unseeded draws, the min_tokens mask, and logprobs with the most alternatives allowed."""
     history = list(range(min(vocab_size, 8)))
     kinds = [
         SamplingParams(temperature=0.0),
@@ -58,6 +58,7 @@ def sampler_rows(num_rows: int, vocab_size: int) -> list[SamplingRow]:
             frequency_penalty=0.5,
             logprobs=MAX_LOGPROBS,
             seed=0,
+            logit_bias=((history[-1], 0.5),),
         ),
         SamplingParams(temperature=1.0, min_tokens=4, eos_token_ids=(0,), logprobs=0),
     ]
@@ -133,7 +134,9 @@ def attention_variants(
         seq_lens, query_lens, [[0], [second_block]], shape.block_size, device
     )
     query, key, value = packed_qkv(3, shape, dtype, device)
-    work_items = build_work_items(query_lens, seq_lens, shape.num_heads, shape.num_kv_heads, device)
+    work_items = build_work_items(
+        query_lens, seq_lens, shape.num_heads, shape.num_kv_heads, dtype, device
+    )
     cache_args = (k_cache, v_cache, metadata.block_tables)
     decode_query = query[metadata.query_start_list[1] :]  # sequence 1's token
     decode_args = (decode_query, *cache_args[:2], metadata.block_tables[1:], metadata.seq_lens[1:])

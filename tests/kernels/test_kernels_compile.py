@@ -36,3 +36,5 @@ def test_all_kernels_compile_for_sm90_with_pipelined_tensor_core_attention() -> 
         assert fact["cp_async"] > 0, fact
         # ... and fp16/bf16 run on the tensor cores; fp32 uses IEEE FMA dots by design.
         assert (fact["mma"] > 0) == (fact["dtype"] != "fp32"), fact
+        # No register spills to local memory, fp32 included (its smaller tiles fit).
+        assert fact["stack_bytes"] == 0, fact

@@ -36,7 +36,7 @@ def test_work_items_list_existing_tiles_heaviest_first() -> None:
 def test_issue_example_launches_the_tiles_not_the_padded_grid() -> None:
     # Llama-3-8B (32 query heads, 8 KV heads): one 1,792-token chunk beside 256 decodes.
     query_lens, seq_lens = [1792] + [1] * 256, [1792] + [1000] * 256
-    items = build_work_items(query_lens, seq_lens, 32, 8, torch.device("cpu"))
+    items = build_work_items(query_lens, seq_lens, 32, 8, torch.bfloat16, torch.device("cpu"))
     block_q, _ = choose_block_q(4)
     flat = math.prod(prefill_grid("flat", items, 257, 1792, 8, block_q))
     padded = math.prod(prefill_grid("padded", None, 257, 1792, 8, block_q))

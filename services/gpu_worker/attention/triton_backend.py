@@ -49,10 +49,10 @@ class TritonAttentionBackend(BaseAttentionBackend):
             metadata.seq_lens,
             self.scale,
             max_query_len=metadata.max_query_len,
-            work_items=self.prefill_work_items(metadata),
+            work_items=self.prefill_work_items(metadata, query.dtype),
         )
 
-    def prefill_work_items(self, metadata: AttentionMetadata) -> torch.Tensor:
+    def prefill_work_items(self, metadata: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
         """The flat grid's (sequence, query tile) list, built on the first layer of a step
         from host-side lengths (no device sync) and reused by the others."""
         items = metadata.backend_scratch.get(WORK_ITEMS_KEY)
@@ -64,6 +64,7 @@ class TritonAttentionBackend(BaseAttentionBackend):
                 metadata.seq_lens_list,
                 self.num_heads,
                 self.num_kv_heads,
+                dtype,
                 metadata.seq_lens.device,
             )
             metadata.backend_scratch[WORK_ITEMS_KEY] = items

@@ -121,7 +121,7 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert first.finish_reasons() == ["length"] and first.text()
 
     # `pagedserve queue --json` while requests run shows them.
-    streams = [Stream(serve.base_url, f"story {i}", 100) for i in range(3)]
+    streams = [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
     seen_ids: set[str] = set()
     deadline = time.monotonic() + 60
     while not seen_ids and time.monotonic() < deadline:
@@ -199,6 +199,7 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_stops_everything(
         log = serve.log()
         assert f"worker0 (pid {first_worker}) was killed by signal 9" in log
         assert "its last log lines:" in log and "worker 0 ready" in log
+        _wait_for_health(serve)  # until the new worker attached, new requests get a 503
         after = Stream(serve.base_url, "after the restart", 6)  # served by the new worker
         after.thread.join(timeout=180)
         assert after.error is None and after.finish_reasons() == ["length"], after.events[-2:]
@@ -216,6 +217,13 @@ def _worker_pid(serve: ServeProcess) -> int:
             if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
     raise AssertionError(f"no worker running:\n{serve.log()}")
+
+
+def _wait_for_health(serve: ServeProcess, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{serve.base_url}/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, f"/health not 200 within {timeout_s} s:\n{serve.log()}"
+        time.sleep(0.5)
 
 
 def _wait_for_log(serve: ServeProcess, text: str, count: int = 1, timeout_s: float = 60) -> None:

@@ -138,6 +138,18 @@ def test_serve_restarts_a_killed_child_and_no_surviving_stream_is_lost(
     metrics = httpx.get(f"{serve.base_url}/metrics", timeout=10).text
     assert f'pagedserve:process_restarts_total{{process="{victim}"}}' in metrics
     wait_for("both gateways healthy", lambda: _healthy(serve), 90)
+    assert asyncio.run(new_requests_after(serve)) == [200] * 20  # no stale Redis connection
+
+
+async def new_requests_after(serve: ServeProcess) -> list[int]:
+    """20 short requests over both gateways, at once: their status codes."""
+    body = {"prompt": "Hello", "max_tokens": 4, "temperature": 0}
+    urls = [serve.base_url, f"http://127.0.0.1:{serve.port + 1}"]
+    async with new_client(60) as client:
+        answers = await asyncio.gather(
+            *(client.post(f"{urls[i % 2]}/v1/completions", json=body) for i in range(20))
+        )
+    return [a.status_code for a in answers]
 
 
 def _healthy(serve: ServeProcess) -> bool:

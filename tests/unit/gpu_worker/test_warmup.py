@@ -95,6 +95,7 @@ def test_sampler_rows_take_every_branch() -> None:
     assert any(p.repetition_penalty != 1.0 and p.top_k > 0 and p.top_p < 1 for p in params)
     assert any(p.seed is not None for p in params) and any(p.seed is None for p in params)
     assert any(p.min_tokens > 0 for p in params)
+    assert any(p.logit_bias for p in params)
 
 
 @pytest.mark.parametrize(("num_tokens", "max_num_seqs"), [(40, 16), (12, 64)])
@@ -129,3 +130,34 @@ def test_runner_reports_the_triton_shape_only_for_the_triton_backend(tiny_llama_
     assert triton_runner.triton_attention_shape() == AttentionShape(4, 2, 16, 16)
     assert triton_runner.max_num_seqs == 8
     assert runner("torch").triton_attention_shape() is None
+
+
+def test_a_warmed_up_triton_runner_serves_what_the_torch_runner_serves(
+    tiny_llama_dir: Path,
+) -> None:
+    # Warm-up writes into the first blocks of the real cache and runs every kernel variant;
+    # a sequence given those blocks afterwards generates what an unwarmed runner generates.
+    from shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
+
+    greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+    def generate(backend: str, warm: bool) -> list[int]:
+        runner = ModelRunner(
+            tiny_llama_dir,
+            CacheConfig(block_size=16, num_blocks=4),
+            dtype="float32",
+            attention_backend=backend,
+            show_progress=False,
+        )
+        if warm:
+            shape = runner.triton_attention_shape()
+            warmup.warm_up(runner.kv_caches, shape, runner.vocab_size, torch.device("cpu"))
+        prompt = list(range(3, 23))  # 20 tokens: blocks 0 and 1, which warm-up wrote
+        plan = StepPlan(0, new_seqs=[NewSequence("a", prompt, 20, 0, 20, [0, 1], greedy)])
+        tokens = runner.execute(plan).token_ids
+        for step in range(1, 4):
+            delta = CachedSequence("a", [tokens[-1]], [], 19 + step, 1)
+            tokens += runner.execute(StepPlan(step, cached_seqs=[delta])).token_ids
+        return tokens
+
+    assert generate("triton", warm=True) == generate("torch", warm=False)
