@@ -37,6 +37,20 @@ class ProtocolError(ValueError):
 
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
 
+# StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
+# response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
+STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar")
+
+
+@dataclass(frozen=True, slots=True)
+class StructuredOutput:
+    """A constraint on the generated text: `kind` "json" (spec: a JSON schema, serialized with
+    sorted keys so that equal schemas share one compiled grammar), "json_object" (any JSON
+    object; spec ""), "regex" or "grammar" (EBNF / GBNF, `root ::= ...`)."""
+
+    kind: str
+    spec: str
+
 
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
@@ -60,6 +74,7 @@ class SamplingParams:
     # log-softmax of every prompt position's token (and its top k); None: none
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
+    structured_output: StructuredOutput | None = None  # constrained decoding; None: free text
 
     @property
     def is_greedy(self) -> bool:
@@ -92,6 +107,11 @@ class SamplingParams:
                 problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "
                                 f"{token_id}: {bias}")  # fmt: skip
                 break
+        structured = self.structured_output
+        if structured is not None and structured.kind not in STRUCTURED_KINDS:
+            problems.append(
+                f"structured_output.kind must be one of {STRUCTURED_KINDS}, got {structured.kind!r}"
+            )
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -249,6 +269,11 @@ class StepResult:
     execute_time_s: float = 0.0
     # per sampled sequence: its prompt's logprobs, when asked for and finished this step
     prompt_logprobs: list[PromptLogprobs | None] | None = None
+    # sequences that reached their sampling point but were not sampled because their grammar
+    # is still compiling: the scheduler runs their last token again next step
+    deferred_seq_ids: list[str] = field(default_factory=list)
+    # sequences that cannot be sampled at all (their grammar failed to compile): seq_id -> why
+    seq_errors: dict[str, str] = field(default_factory=dict)
 
 
 ROLE_SCHEDULER = "scheduler"
@@ -292,6 +317,7 @@ _MESSAGE_TYPES: tuple[type, ...] = (
     StepResult,
     Heartbeat,
     PromptLogprobs,  # new types go last: a message's tag is its position
+    StructuredOutput,
 )
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {

@@ -35,6 +35,7 @@ from services.gateway.drain import Drainer, DrainMiddleware
 from services.gateway.engine_client import HEALTH_REDIS_TIMEOUT_S, EngineClient, redis_within
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
+from services.gateway.grammar_validator import GrammarValidator
 from services.gateway.http_middleware import GatewayMiddleware
 from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
 from services.gateway.openai_schema import (
@@ -163,6 +164,7 @@ class GatewayRoutes:
         self.metrics = GatewayMetrics(config.model_name, info.max_model_len)
         self.tokenizer_pool = TokenizerPool(config.tokenizer_threads)
         self.created = int(time.time())
+        self.grammars = GrammarValidator()
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.config.model_name, self.config.model):
@@ -217,6 +219,7 @@ class GatewayRoutes:
         prompts: list[PromptInput],
     ) -> Response:
         options = parsed.sampling
+        await self.grammars.check(options.structured)
         prefix = "chatcmpl" if kind == "chat" else "cmpl"
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(response_id, prompts, options, self.info, self.client.gateway_id)
@@ -233,6 +236,7 @@ class GatewayRoutes:
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
             want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
             options.n, options.logprobs or 0,
+            tool_call=options.structured.tool_call if options.structured else None,
         )  # fmt: skip
         await session.submit()
         try:
@@ -259,7 +263,11 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if (
+                    if formatter.tool_call is not None:  # held back until the call is whole
+                        if update.finish_reason:
+                            processor = session.processors[index]
+                            yield sse_event(formatter.tool_call_chunk(index, update, processor))
+                    elif (
                         update.text
                         or update.logprobs
                         or update.finish_reason

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.errors import bad_request
+from services.gateway.structured_outputs import StructuredRequest, read_structured
 from services.gateway.vllm_options import (
     OutputOptions,
     read_chat_template_kwargs,
@@ -34,7 +35,7 @@ SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
 PRIORITY_LIMIT = 2**31
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-UNSUPPORTED = ("suffix", "tools", "functions")
+UNSUPPORTED = ("suffix", "functions")
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,7 @@ class SamplingOptions:
     priority: int = 0
     logit_bias: tuple[tuple[int, float], ...] = ()
     prompt_logprobs: int | None = None  # what the engine computes (echo + logprobs asks too)
+    structured: StructuredRequest | None = None  # response_format, guided_*, tools, ...
 
 
 @dataclass(frozen=True)
@@ -204,17 +206,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise bad_request("`best_of` is not supported (only best_of == n)", "best_of")
 
 
-def _read_response_format(body: dict[str, Any]) -> None:
-    """`{"type": "text"}` is the default every client may send: a no-op."""
-    value = body.get("response_format")
-    if value is None or (isinstance(value, dict) and value.get("type") == "text"):
-        return
-    raise bad_request(
-        '`response_format` is not supported by this server (only {"type": "text"})',
-        "response_format",
-    )
-
-
 def read_sampling(
     body: dict[str, Any],
     max_tokens_name: str,
@@ -223,7 +214,6 @@ def read_sampling(
 ) -> SamplingOptions:
     """The sampling fields common to both endpoints."""
     _refuse_unsupported(body)
-    _read_response_format(body)
     max_tokens = read_int(body, max_tokens_name, default_max_tokens, 0, 2**31 - 1)
     temperature = read_float(body, "temperature", 1.0, 0.0, 2.0)
     top_k = read_int(body, "top_k", -1, -1, 2**31 - 1)
@@ -323,7 +313,9 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     return CompletionRequest(
         model=_read_model(body),
         prompts=_read_prompts(body),
-        sampling=with_prompt_logprobs(sampling, output),
+        sampling=dataclasses.replace(
+            with_prompt_logprobs(sampling, output), structured=read_structured(body, False)
+        ),
         stream=stream,
         include_usage=include_usage,
         output=output,
@@ -391,8 +383,11 @@ def parse_chat_request(body: Any) -> ChatRequest:
         model=_read_model(body),
         messages=_read_messages(body),
         # chat's echo repeats a message's text, never prompt tokens' logprobs
-        sampling=with_prompt_logprobs(
-            read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False)
+        sampling=dataclasses.replace(
+            with_prompt_logprobs(
+                read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False)
+            ),
+            structured=read_structured(body, True),
         ),
         stream=stream,
         include_usage=include_usage,

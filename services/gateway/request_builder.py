@@ -159,6 +159,7 @@ def sampling_params(
         logprobs=options.logprobs,
         prompt_logprobs=options.prompt_logprobs,
         logit_bias=options.logit_bias,
+        structured_output=options.structured.output if options.structured else None,
     )
 
 

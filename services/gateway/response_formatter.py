@@ -15,6 +15,7 @@ from services.gateway.prompt_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.gateway.tokenizer import TokenizerInfo
+from services.gateway.tool_calls import ToolCallMode, as_tool_call_message
 from services.gateway.vllm_options import OutputOptions
 
 
@@ -53,6 +54,7 @@ class ResponseFormatter:
     prompts: list[PromptView] = field(default_factory=list)
     n: int = 1  # choices per prompt
     logprobs_k: int = 0
+    tool_call: ToolCallMode | None = None  # chat outputs to return as tool_calls
     _started: set[int] = field(default_factory=set)  # choices whose first chunk went out
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
@@ -133,6 +135,20 @@ class ResponseFormatter:
             num_prompt = len(self._prompt(index).token_ids)
             body["usage"] = Usage(num_prompt, processor.num_output_tokens, 0).body()
 
+    def tool_call_chunk(
+        self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor
+    ) -> dict[str, Any]:
+        """A streamed tool call comes whole, in the chunk that finishes its choice."""
+        assert self.tool_call is not None
+        message = {"role": "assistant", "content": processor.text}
+        message, reason = as_tool_call_message(message, update.finish_reason, self.tool_call)
+        delta: dict[str, Any] = {"content": processor.text} if message.get("content") else {}
+        if "tool_calls" in message:
+            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
+        logprobs = self._logprobs(update.logprobs, index, processor, False)
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        return self._envelope("chat.completion.chunk", [choice])
+
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = self._envelope(name, [])
@@ -162,6 +178,10 @@ class ResponseFormatter:
         choice["finish_reason"] = processor.finish_reason
         if self.output.return_token_ids:
             choice["token_ids"] = processor.token_ids
+        if self.kind == "chat" and self.tool_call is not None:
+            choice["message"], choice["finish_reason"] = as_tool_call_message(
+                choice["message"], processor.finish_reason, self.tool_call
+            )
         return choice
 
     def full(

@@ -10,8 +10,10 @@ cached_seqs, sampled ones only); other ranks return None.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ import torch
 from services.gpu_worker.attention.base import AttentionMetadata, build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
 from services.gpu_worker.default_model import ensure_model
+from services.gpu_worker.grammar_book import GrammarBook, StepMasks
+from services.gpu_worker.grammar_compiler import GrammarCompiler
 from services.gpu_worker.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
@@ -34,7 +38,7 @@ from services.gpu_worker.prompt_logprobs import (
     collect_prompt_logprobs,
     prompt_slice,
 )
-from services.gpu_worker.sampler import SamplingRow, sample
+from services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
 from services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
 from shared.config import (
@@ -168,6 +172,7 @@ class ModelRunner:
             self.device,
         )
         self.seqs: dict[str, SequenceState] = {}
+        self.grammars = GrammarBook(GrammarCompiler(self.model_dir, self.vocab_size))
         if self.device.type == "cuda":  # compile every kernel variant before saying ready
             warm_up(self.kv_caches, self.triton_attention_shape(), self.vocab_size, self.device)
 
@@ -241,10 +246,13 @@ class ModelRunner:
     def _apply_plan(self, plan: StepPlan) -> list[SequenceState]:
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)
+        self.grammars.drop([*plan.finished_seq_ids, *plan.preempted_seq_ids])
         scheduled: list[SequenceState] = []
         for new in plan.new_seqs:
             state = SequenceState.from_new(new)
             self.seqs[new.seq_id] = state
+            if self.rank == 0:
+                self.grammars.track(new.seq_id, new.sampling)
             scheduled.append(state)
         for delta in plan.cached_seqs:
             state = self.seqs.get(delta.seq_id)
@@ -298,6 +306,7 @@ class ModelRunner:
         if not scheduled:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
+        masks = self._start_masks(inputs.sampled)  # on a thread, while the forward runs
         hidden = self.model(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
         if inputs.prompt_slices:  # every rank: computing logits gathers over ranks
             collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
@@ -306,21 +315,54 @@ class ModelRunner:
         logits = self.model.compute_logits(hidden[inputs.sample_index])  # all ranks: gather
         if self.rank != 0 or logits is None:
             return None
+        result = self._sample(plan.step_id, logits, inputs.sampled, masks and masks.result())
+        return dataclasses.replace(result, execute_time_s=time.perf_counter() - start)
+
+    def _start_masks(self, sampled: list[SequenceState]) -> Future[StepMasks] | None:
+        if self.rank != 0 or not len(self.grammars):
+            return None
+        return self.grammars.start_masks(
+            [(s.seq_id, s.token_ids[s.num_prompt_tokens :]) for s in sampled]
+        )
+
+    def _sample(
+        self,
+        step_id: int,
+        logits: torch.Tensor,  # [S, V]
+        sampled: list[SequenceState],
+        masks: StepMasks | None,
+    ) -> StepResult:
+        """Sample every row whose grammar (if any) is ready; report the others."""
+        allowed = None
+        deferred: list[str] = []
+        errors: dict[str, str] = {}
+        if masks is not None:
+            unready = {*masks.deferred_rows, *masks.row_errors}
+            keep = [i for i in range(len(sampled)) if i not in unready]
+            new_row = {old: new for new, old in enumerate(keep)}
+            if masks.bitmask is not None:
+                allowed = AllowedTokens([new_row[r] for r in masks.row_ids], masks.bitmask)
+            if unready:  # a copy of the logits only when some rows sit this step out
+                logits = logits[torch.tensor(keep, dtype=torch.long, device=logits.device)]
+            deferred = [sampled[i].seq_id for i in masks.deferred_rows]
+            errors = {sampled[i].seq_id: why for i, why in masks.row_errors.items()}
+            sampled = [sampled[i] for i in keep]
         rows = [
             SamplingRow(
                 s.sampling, s.token_ids[: s.num_prompt_tokens], s.token_ids[s.num_prompt_tokens :]
             )
-            for s in inputs.sampled
+            for s in sampled
         ]
-        out = sample(logits, rows)
+        out = sample(logits, rows, allowed) if rows else None
         return StepResult(
-            step_id=plan.step_id,
-            seq_ids=[s.seq_id for s in inputs.sampled],
-            token_ids=out.token_ids,
-            logprobs=out.logprobs,
-            top_logprobs=out.top_logprobs,
-            execute_time_s=time.perf_counter() - start,
-            prompt_logprobs=_take_prompt_logprobs(inputs.sampled),
+            step_id=step_id,
+            seq_ids=[s.seq_id for s in sampled],
+            token_ids=out.token_ids if out else [],
+            logprobs=out.logprobs if out else None,
+            top_logprobs=out.top_logprobs if out else None,
+            prompt_logprobs=_take_prompt_logprobs(sampled),
+            deferred_seq_ids=deferred,
+            seq_errors=errors,
         )
 
 

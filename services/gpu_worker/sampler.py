@@ -51,6 +51,31 @@ class SamplingRow:
 
 
 @dataclass(frozen=True, slots=True)
+class AllowedTokens:
+    """Structured outputs' masks for some rows: token t is allowed in row `row_ids[i]` when bit
+    t % 32 of `bitmask[i, t // 32]` is set (xgrammar's and llguidance's layout)."""
+
+    row_ids: list[int]
+    bitmask: torch.Tensor  # [len(row_ids), ceil(V / 32)] int32
+
+
+def apply_allowed_tokens(logits: torch.Tensor, allowed: AllowedTokens) -> torch.Tensor:
+    """`logits` with -inf on every token that `allowed` forbids in its rows.
+
+    xgrammar's CPU kernel does it (the layout is the same): unpacking the bits with torch ops
+    was ~6x slower on this CPU (396 vs 64 ms for 64 rows of 49152 under load)."""
+    import xgrammar
+
+    logits = logits.clone()  # the raw logits stay untouched for the reported logprobs
+    words = torch.full((logits.shape[0], allowed.bitmask.shape[1]), -1, dtype=torch.int32)
+    words[torch.tensor(allowed.row_ids)] = allowed.bitmask.cpu()
+    xgrammar.apply_token_bitmask_inplace(
+        logits, words.to(logits.device), vocab_size=logits.shape[1], indices=allowed.row_ids
+    )
+    return logits
+
+
+@dataclass(frozen=True, slots=True)
 class SamplerOutput:
     token_ids: list[int]
     logprobs: list[float] | None  # per row, when any row asked for logprobs
@@ -239,13 +264,18 @@ def _needs_penalties(rows: list[SamplingRow]) -> bool:
     )
 
 
-def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
-    """One token per row of float32 `logits` [B, V]."""
+def sample(
+    logits: torch.Tensor, rows: list[SamplingRow], allowed: AllowedTokens | None = None
+) -> SamplerOutput:
+    """One token per row of float32 `logits` [B, V]; rows that `allowed` constrains sample only
+    tokens it allows (logprobs stay those of the raw distribution)."""
     raw_logits = logits
     logits = apply_logit_bias(logits, rows)
     if _needs_penalties(rows):
         logits = apply_penalties(logits, rows)
     logits = mask_min_tokens(logits, rows)
+    if allowed is not None and allowed.row_ids:
+        logits = apply_allowed_tokens(logits, allowed)
     token_ids = logits.argmax(dim=-1)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_rows:

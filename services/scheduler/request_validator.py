@@ -12,9 +12,7 @@ import math
 from services.scheduler.errors import RequestRejectedError
 from shared.protocol import GenerateRequest, SamplingParams
 
-# Signed or unsigned 64-bit: the gateway maps every int64 seed into [0, 2**64), and torch's
-# generators take both ranges.
-INT64_MIN, UINT64_MAX = -(1 << 63), (1 << 64) - 1
+INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # seeds too: the gateway sends int64 seeds
 
 
 def _is_int(value: object) -> bool:
@@ -34,7 +32,7 @@ def _type_problem(name: str, kind: str, value: object) -> str | None:
     kind = kind.removesuffix(" | None")
     if kind == "float" and not _is_real(value):
         return f"{name} must be a finite number, got {value!r}"
-    if kind == "int" and not (_is_int(value) and INT64_MIN <= value <= UINT64_MAX):  # type: ignore[operator]
+    if kind == "int" and not (_is_int(value) and INT64_MIN <= value <= INT64_MAX):  # type: ignore[operator]
         return f"{name} must be a 64-bit integer, got {value!r}"
     if kind == "bool" and not isinstance(value, bool):
         return f"{name} must be a boolean, got {value!r}"

@@ -32,6 +32,7 @@ from shared.config import CacheConfig, SchedulerConfig
 from shared.iteration_histogram import IterationHistogram
 from shared.protocol import (
     ERROR_ENGINE,
+    ERROR_INVALID_REQUEST,
     CachedSequence,
     GenerateRequest,
     NewSequence,
@@ -179,7 +180,8 @@ class Scheduler:
         for request in scheduled:
             self.kv.cache_blocks(request)
         deltas = self._apply_samples(plan.step_id, result)
-        deltas += self._fail_unsampled(scheduled)
+        self._rerun_deferred(plan.step_id, result.deferred_seq_ids)
+        deltas += self._fail_unsampled(scheduled, result.seq_errors)
         self._drop_finished_from_running()
         return deltas
 
@@ -372,16 +374,25 @@ class Scheduler:
             num_cached_tokens=max(request.num_cached_tokens, 0),
         )
 
-    def _fail_unsampled(self, scheduled: list[Request]) -> list[TokenDelta]:
+    def _rerun_deferred(self, step_id: int, seq_ids: list[str]) -> None:
+        """Sequences not sampled yet (their grammar is compiling) rerun their last token."""
+        for request in filter(None, map(self.requests.get, seq_ids)):
+            if request.scheduled_step_id == step_id and request.num_computed_tokens == len(
+                request.all_token_ids
+            ):
+                request.num_computed_tokens -= 1
+
+    def _fail_unsampled(self, scheduled: list[Request], errors: dict[str, str]) -> list[TokenDelta]:
         """A sequence whose step reached its last token must get one; without it, it would
-        wait forever. Fail it loudly instead."""
+        wait forever. Fail it loudly instead (with the worker's reason when it gave one: a
+        grammar that does not compile is the request's fault)."""
         return [
             self._finish(
                 r,
                 FINISH_ERROR,
-                error=f"the worker returned no token for {r.request_id} in step "
-                f"{r.scheduled_step_id}",
-                error_code=ERROR_ENGINE,
+                error=errors.get(r.request_id)
+                or f"the worker returned no token for {r.request_id} in step {r.scheduled_step_id}",
+                error_code=ERROR_INVALID_REQUEST if r.request_id in errors else ERROR_ENGINE,
             )
             for r in scheduled
             if r.status is RUNNING and r.num_computed_tokens == r.num_tokens

@@ -193,5 +193,5 @@ def test_chat_max_completion_tokens_wins():
     refused(chat, "max_completion_tokens", ">= 0", max_completion_tokens=-1)
 
 
-def test_chat_refuses_tools():
-    refused(chat, "tools", "not supported", tools=[{"type": "function"}])
+def test_chat_refuses_malformed_tools():
+    refused(chat, "tools[0]", "'function'", tools=[{"type": "function"}])

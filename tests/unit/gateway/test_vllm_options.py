@@ -54,7 +54,7 @@ def test_echo_with_logprobs_asks_the_engine_for_prompt_logprobs():
         ("bad_words", ["x"], "not supported"),
         ("allowed_token_ids", [1, 2], "not supported"),
         ("spaces_between_special_tokens", False, "not supported"),
-        ("response_format", {"type": "json_object"}, "not supported"),
+        ("response_format", "json", "must be an object"),
     ],
 )
 def test_bad_values_and_unsupported_parameters_are_refused(param, value, fragment):

@@ -215,3 +215,18 @@ def test_negative_int64_seeds_reproduce_and_differ_from_their_unsigned_twin():
 
     assert draws(-(2**63)) == draws(-(2**63))
     assert draws(-1) != draws(2**63 - 1)
+
+
+def test_allowed_tokens_mask_exactly_the_forbidden_tokens_of_their_rows():
+    from services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
+
+    vocab, rows = 70, [1, 3]  # a vocabulary that does not fill its last 32-bit word
+    logits = torch.randn(4, vocab)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (2, 3), dtype=torch.int32)
+    masked = apply_allowed_tokens(logits, AllowedTokens(rows, bitmask))
+    bits = ((bitmask.unsqueeze(-1) >> torch.arange(32, dtype=torch.int32)) & 1).flatten(1)
+    for i, row in enumerate(rows):
+        expected = logits[row].masked_fill(bits[i, :vocab] == 0, float("-inf"))
+        assert torch.equal(masked[row], expected)
+    assert torch.equal(masked[[0, 2]], logits[[0, 2]])  # unconstrained rows untouched
+    assert torch.isfinite(logits).all()  # the caller's logits are not modified
