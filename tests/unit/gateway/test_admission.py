@@ -48,18 +48,25 @@ def test_a_normalizer_that_can_shorten_text_gives_no_bound() -> None:
 
 def test_text_that_cannot_fit_is_refused_like_a_long_prompt() -> None:
     with pytest.raises(APIError) as caught:
-        check_text_fits("x" * 8100, bytes_per_token=81, max_model_len=100, max_tokens=None)
+        check_text_fits("x" * 81_000, bytes_per_token=81, max_model_len=1000, max_tokens=None)
     assert caught.value.status == 400 and caught.value.param == "prompt"
-    assert "at least 100 tokens" in caught.value.message
-    assert "maximum context length of 100 tokens" in caught.value.message
+    assert "at least 1000 tokens" in caught.value.message
+    assert "maximum context length of 1000 tokens" in caught.value.message
 
 
 def test_text_that_fits_but_not_with_its_max_tokens() -> None:
     with pytest.raises(APIError) as caught:
-        check_text_fits("x" * 810, 81, 100, max_tokens=95, max_tokens_param="max_completion_tokens")
+        check_text_fits(
+            "x" * 81_000, 81, 2000, max_tokens=1001, max_tokens_param="max_completion_tokens"
+        )
     assert caught.value.param == "max_completion_tokens"
-    check_text_fits("x" * 810, 81, 100, max_tokens=90)  # 10 + 90 fits
+    check_text_fits("x" * 81_000, 81, 2000, max_tokens=1000)  # 1000 + 1000 fits
     check_text_fits("x" * 10**7, None, 100, max_tokens=None)  # no bound: tokenizing decides
+
+
+def test_a_small_text_is_left_to_the_exact_count() -> None:
+    """Tokenizing it is cheap, and the exact count makes the better error message."""
+    check_text_fits("x" * 8100, bytes_per_token=81, max_model_len=100, max_tokens=None)
 
 
 def test_sequences_per_request() -> None:
