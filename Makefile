@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
 
-.PHONY: install serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels clean
+.PHONY: install serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
 
 install: $(STAMP)
 
@@ -58,6 +58,12 @@ bench: install
 
 bench-kernels: install
 	$(BIN)/python -m benchmarks.kernels
+
+# On a CUDA machine: kernels vs a float64 oracle, kernel bandwidth, engine CUDA vs CPU, serve +
+# bench vs HF, in <= 8 minutes, into benchmarks/results/device_check/. PYTHON_BIN overrides the
+# interpreter (a GPU image's own python with torch, say).
+device-check:
+	$(or $(PYTHON_BIN),$(wildcard $(BIN)/python),python3) -m benchmarks.device_check $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

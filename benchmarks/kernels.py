@@ -14,6 +14,7 @@ its numbers say nothing about a GPU."""
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import os
 import statistics
@@ -45,6 +46,7 @@ class BenchCase:
     block_size: int
     dtype: str
     num_splits: int | None = None  # decode only: None = heuristic
+    prefill_grid: str = "flat"  # prefill only: "padded" is the grid before the work list
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,15 +97,35 @@ def gpu_cases() -> list[BenchCase]:
             dtype="fp16",
         ),
         BenchCase("prefill b4 q2048", "prefill", (2048,) * 4, (2048,) * 4, **llama8b, dtype="fp16"),
-        BenchCase(
-            "mixed 4x512 prefill + 60 decodes",
-            "prefill",
-            (1024,) * 4 + (2048,) * 60,
-            (512,) * 4 + (1,) * 60,
-            **llama8b,
-            dtype="fp16",
-        ),
+        *mixed_cases("mixed 4x512 prefill + 60 decodes", (1024,) * 4, (512,) * 4, 60, llama8b),
+        # the step of issue 17: one long chunk beside a full decode batch
+        *mixed_cases("mixed 1x1792 prefill + 256 decodes", (1792,), (1792,), 256, llama8b),
         BenchCase("kv write 8192 tokens", "kv_write", (8192,), (8192,), **llama8b, dtype="fp16"),
+    ]
+
+
+def mixed_cases(
+    name: str,
+    chunk_contexts: tuple[int, ...],
+    chunk_lens: tuple[int, ...],
+    num_decodes: int,
+    shape: dict[str, int],
+) -> list[BenchCase]:
+    """A mixed step (prefill chunks beside decodes of 2048-token contexts) on the flat grid
+    and on the padded grid it replaced, for the before/after timing."""
+    contexts = chunk_contexts + (2048,) * num_decodes
+    query_lens = chunk_lens + (1,) * num_decodes
+    return [
+        BenchCase(
+            f"{name} {grid}",
+            "prefill",
+            contexts,
+            query_lens,
+            **shape,
+            dtype="bf16",
+            prefill_grid=grid,
+        )
+        for grid in ("flat", "padded")
     ]
 
 
@@ -113,6 +135,15 @@ def smoke_cases() -> list[BenchCase]:
         BenchCase("decode b2", "decode", (40, 7), (1, 1), **tiny, dtype="fp16"),
         BenchCase("decode b1 split", "decode", (300,), (1,), **tiny, dtype="bf16", num_splits=2),
         BenchCase("mixed", "prefill", (20, 33), (20, 1), **tiny, dtype="fp32"),
+        BenchCase(
+            "mixed padded",
+            "prefill",
+            (20, 33),
+            (20, 1),
+            **tiny,
+            dtype="fp32",
+            prefill_grid="padded",
+        ),
         BenchCase("kv write", "kv_write", (24,), (24,), **tiny, dtype="fp16"),
     ]
 
@@ -176,6 +207,7 @@ def launchers(
     or the key cache for a write."""
     import kernels
     from kernels import reference
+    from kernels.paged_prefill import build_work_items
 
     scale = case.head_dim**-0.5
     i = inputs
@@ -209,9 +241,24 @@ def launchers(
         )
     max_q = max(case.query_lens)
     locs = (i["query_start_loc"], i["seq_lens"])
+    # Built once per step on the host when serving, so outside the timed launch.
+    work_items = build_work_items(
+        list(case.query_lens),
+        list(case.context_lens),
+        case.num_heads,
+        case.num_kv_heads,
+        i["query"].dtype,
+        i["query"].device,
+    )
     return (
         lambda: kernels.paged_prefill_attention(
-            i["query"], *cache, *locs, scale, max_query_len=max_q
+            i["query"],
+            *cache,
+            *locs,
+            scale,
+            max_query_len=max_q,
+            work_items=work_items if case.prefill_grid == "flat" else None,
+            grid=case.prefill_grid,
         ),
         lambda: reference.paged_prefill_attention(i["query"], *cache, *locs, scale),
     )
@@ -293,6 +340,25 @@ def markdown(results: list[BenchResult], device_name: str, copy_gbs: float, smok
     return "\n".join(lines) + "\n"
 
 
+def records(results: list[BenchResult], device_name: str, copy_gbs: float) -> dict[str, object]:
+    """The table as data, for `benchmarks.device_check`'s summary."""
+    rows = [
+        {
+            "name": r.case.name,
+            "op": r.case.op,
+            "dtype": r.case.dtype,
+            "prefill_grid": r.case.prefill_grid,
+            "median_us": r.median_us,
+            "bandwidth_gbs": r.bandwidth_gbs(),
+            "fraction_of_copy": r.bandwidth_gbs() / copy_gbs,
+            "max_error": r.max_error,
+            "ok": r.max_error <= TOLERANCE[r.case.dtype],
+        }
+        for r in results
+    ]
+    return {"device": device_name, "copy_bandwidth_gbs": copy_gbs, "cases": rows}
+
+
 def device_slug(device: torch.device) -> str:
     if device.type != "cuda":
         return "cpu_interpreter"
@@ -330,7 +396,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     path = args.out_dir / f"kernels_{device_slug(device)}.md"
     path.write_text(markdown(results, name, copy_gbs, args.smoke))
-    print(f"wrote {path}")
+    path.with_suffix(".json").write_text(json.dumps(records(results, name, copy_gbs), indent=1))
+    print(f"wrote {path} and {path.with_suffix('.json').name}")
     failed = [r.case.name for r in results if r.max_error > TOLERANCE[r.case.dtype]]
     if failed:
         print(f"kernels disagree with the reference: {failed}", file=sys.stderr)

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.workload import BenchRequest
 
 
 @dataclass(frozen=True)
@@ -182,7 +182,7 @@ def build_engine(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from benchmarks.workload import LengthDistribution, synthetic_workload
+    from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.kv_memory", description=__doc__)
     p.add_argument("--model", default="smollm2")

@@ -27,11 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.kv_memory import build_engine, format_report, kv_report, run_engine
-from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
-from benchmarks.serve import LoadConfig, run_load, warmup_requests
-from benchmarks.sse_client import EndpointConfig
-from benchmarks.status_sampler import StatusSampler
-from benchmarks.workload import BenchRequest, LengthDistribution, synthetic_workload
+from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+from services.cli.loadgen.runner import LoadConfig, run_load, warmup_requests
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.status_sampler import StatusSampler
+from services.cli.loadgen.workload import BenchRequest, LengthDistribution, synthetic_workload
 from shared.keys import RedisKeys
 from shared.status import EngineStatus, from_fields
 

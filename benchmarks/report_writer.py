@@ -2,8 +2,8 @@
 
     python -m benchmarks.report_writer --dir benchmarks/results > benchmarks/results/performance.md
 
-Reads `serve.json` (`pagedserve bench`), `pipeline_overhead.json` and `roofline.json`; a file
-that is missing is skipped.
+Reads `serve.json` (`pagedserve bench`), `pipeline_overhead.json`, `roofline.json` and
+`vs_transformers_serve.json`; a file that is missing is skipped.
 """
 
 from __future__ import annotations
@@ -147,11 +147,14 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
 
 
 def build_report(directory: Path) -> str:
+    from benchmarks.vs_transformers_serve import report_section as vs_transformers_section
+
     sections: list[list[str]] = []
     for name, section in (
         ("serve.json", serve_section),
         ("pipeline_overhead.json", pipeline_section),
         ("roofline.json", roofline_section),
+        ("vs_transformers_serve.json", vs_transformers_section),
     ):
         path = directory / name
         if path.is_file():

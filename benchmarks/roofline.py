@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from benchmarks.kv_memory import build_engine, run_engine
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.workload import BenchRequest
 
 
 def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, num_iters: int = 6) -> float:

@@ -62,6 +62,8 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    work_items: torch.Tensor | None = None,
+    grid: str = "flat",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Triton `reference.paged_prefill_attention`; see `kernels.paged_prefill`."""
@@ -76,6 +78,8 @@ def paged_prefill_attention(
         seq_lens,
         scale,
         max_query_len=max_query_len,
+        work_items=work_items,
+        grid=grid,
         out=out,
     )
 

@@ -61,3 +61,79 @@ def online_softmax_step(scores, m_i, l_i):
     alpha = tl.exp2(m_i - m_new)
     l_new = l_i * alpha + tl.sum(p, 1)
     return m_new, l_new, p, alpha
+
+
+@triton.jit
+def attend_kv_range(
+    q,  # [M, HEAD_PAD] this program's query rows
+    q_pos,  # [M] int: each row's context position (read only when CAUSAL)
+    m_i,  # [M] fp32 running max (exp2 domain)
+    l_i,  # [M] fp32 running sum
+    acc,  # [M, HEAD_PAD] fp32 unnormalised output
+    k_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
+    v_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
+    table_ptr,  # [max_blocks] int32: this sequence's row of the block table
+    kv_head,
+    kv_start,  # first context position to attend, a multiple of TILE_N
+    kv_end,  # one past the last
+    scale_log2,
+    stride_kn,
+    stride_kb,
+    stride_kh,
+    stride_vn,
+    stride_vb,
+    stride_vh,
+    CAUSAL: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    HEAD_PAD: tl.constexpr,
+    TILE_N: tl.constexpr,
+    UPCAST: tl.constexpr,
+):
+    """The KV-tile loop both attention kernels run: stream the keys and values of context
+    positions [kv_start, kv_end) through the online softmax, masking positions past a row's
+    own when CAUSAL. Returns the updated (m_i, l_i, acc). Inlined by Triton, so sharing it
+    costs the kernels nothing."""
+    n = tl.arange(0, TILE_N)
+    for tile_start in range(kv_start, kv_end, TILE_N):
+        positions = tile_start + n
+        valid = positions < kv_end
+        k = load_kv_tile(
+            k_cache_ptr,
+            table_ptr,
+            positions,
+            valid,
+            kv_head,
+            stride_kn,
+            stride_kb,
+            stride_kh,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_PAD,
+        )
+        scores = tile_scores(q, k, UPCAST) * scale_log2  # [M, TILE_N]
+        if CAUSAL:
+            visible = valid[None, :] & (positions[None, :] <= q_pos[:, None])
+        else:
+            visible = valid[None, :]
+        scores = tl.where(visible, scores, float("-inf"))
+        # Decode: every tile holds >= 1 valid position. Prefill: position 0 is in the first
+        # tile and visible to every row. Either way m_new is finite from the first tile on,
+        # and a row fully masked in a later tile just adds zeros.
+        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
+        v = load_kv_tile(
+            v_cache_ptr,
+            table_ptr,
+            positions,
+            valid,
+            kv_head,
+            stride_vn,
+            stride_vb,
+            stride_vh,
+            BLOCK_SIZE,
+            HEAD_DIM,
+            HEAD_PAD,
+        )
+        acc = acc * alpha[:, None] + tile_weighted_values(p, v, UPCAST)
+        m_i = m_new
+    return m_i, l_i, acc

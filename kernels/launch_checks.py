@@ -13,6 +13,13 @@ import torch
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 # tl.dot needs every dimension of a tile >= 16 on NVIDIA GPUs; tl.arange needs powers of two.
 MIN_DOT_DIM = 16
+# KV tokens per tile, and query rows per prefill program. fp32 operands on a GPU (--dtype
+# float32) take twice the registers of fp16/bf16 ones: with 64 x 64 tiles at head_dim 128 the
+# fp32 prefill spills 7-10 KB per thread to local memory and the fp32 decode spills on sm_80
+# (cuobjdump -res-usage of sm_80 and sm_90 builds), so fp32 on CUDA uses 32 x 32 tiles, which
+# fit in registers. See docs/ARCHITECTURE.md, "Register pressure".
+WIDE_TILE = 64
+FP32_CUDA_TILE = 32
 
 
 def next_power_of_2(n: int) -> int:
@@ -91,6 +98,17 @@ def upcast_for_dot(tensor: torch.Tensor) -> bool:
     dot returns garbage in Triton 3.9; for fp32 data, so that no TF32 rounding happens on GPU.
     On GPU, fp16/bf16 use the tensor cores with fp32 accumulation."""
     return tensor.device.type == "cpu" or tensor.dtype == torch.float32
+
+
+def tile_size(dtype: torch.dtype, device: torch.device) -> int:
+    """KV tokens per tile and query rows per prefill program: 32 for fp32 on CUDA, else 64."""
+    return FP32_CUDA_TILE if device.type == "cuda" and dtype == torch.float32 else WIDE_TILE
+
+
+def decode_num_warps(dtype: torch.dtype, device: torch.device) -> int:
+    """Warps per decode program: 8 for fp32 on CUDA, whose split variant at 4 warps needs 255
+    registers and spills (sm_90); 8 warps spread the tile and use about 50. Else Triton's 4."""
+    return 8 if device.type == "cuda" and dtype == torch.float32 else 4
 
 
 def num_multiprocessors(device: torch.device) -> int:

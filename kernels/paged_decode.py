@@ -15,26 +15,24 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import (
-    load_kv_tile,
-    online_softmax_step,
-    tile_scores,
-    tile_weighted_values,
-)
+from kernels.attention_tile import attend_kv_range
 from kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
     check_device,
     check_index,
     check_query,
+    decode_num_warps,
     next_power_of_2,
     num_multiprocessors,
     output_like,
+    tile_size,
     upcast_for_dot,
 )
 
 LOG2_E = 1.4426950408889634
-# Tokens per KV tile: a few pages per iteration, and at least one page.
+# Tokens per KV tile for the split heuristic: a few pages per iteration, and at least one
+# page (`launch_checks.tile_size` sets the kernel's; smaller for fp32 on CUDA).
 TILE_TOKENS = 64
 # Split only when fewer programs than this many per SM would run, and keep each split at
 # least this many tiles long so the reduce stays cheap next to the main pass.
@@ -43,7 +41,10 @@ MIN_TILES_PER_SPLIT = 4
 MAX_SPLITS = 32
 
 
-@triton.jit
+# Values that change from step to step are not specialised on (Triton would otherwise compile
+# a variant per divisibility class), so the kernels warmed up before serving are the ones that
+# serve. `block_tables` rows are as wide as the step's longest sequence needs.
+@triton.jit(do_not_specialize=["tiles_per_split", "stride_bt"])
 def paged_decode_kernel(
     out_ptr,  # [B, Hq, D]; with SPLIT: partial outputs [B, Hq, S, D] fp32
     lse_ptr,  # with SPLIT: [B, Hq, S] fp32, log2-sum-exp2 of each split; else unused
@@ -101,42 +102,32 @@ def paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_PAD], dtype=tl.float32)
-    n = tl.arange(0, TILE_N)
-    for tile_start in range(kv_start, kv_end, TILE_N):
-        positions = tile_start + n
-        valid = positions < kv_end
-        k = load_kv_tile(
-            k_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_kn,
-            stride_kb,
-            stride_kh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        scores = tile_scores(q, k, UPCAST) * scale_log2  # [GROUP_PAD, TILE_N]
-        scores = tl.where(valid[None, :], scores, float("-inf"))
-        # Every tile holds >= 1 valid position, so m_new is finite and alpha well defined.
-        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
-        v = load_kv_tile(
-            v_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_vn,
-            stride_vb,
-            stride_vh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        acc = acc * alpha[:, None] + tile_weighted_values(p, v, UPCAST)
-        m_i = m_new
+    m_i, l_i, acc = attend_kv_range(
+        q,
+        0,  # no causal mask: the new token sees its whole context
+        m_i,
+        l_i,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        kv_start,
+        kv_end,
+        scale_log2,
+        stride_kn,
+        stride_kb,
+        stride_kh,
+        stride_vn,
+        stride_vb,
+        stride_vh,
+        False,
+        BLOCK_SIZE,
+        HEAD_DIM,
+        HEAD_PAD,
+        TILE_N,
+        UPCAST,
+    )
 
     if SPLIT:
         # A split past the end of a short sequence saw no keys: output 0 with weight 0.
@@ -153,14 +144,14 @@ def paged_decode_kernel(
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_splits"])
 def paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     partial_ptr,  # [B, Hq, S, D] fp32, contiguous
     lse_ptr,  # [B, Hq, S] fp32, contiguous; -inf for splits without keys
     stride_ob,
     stride_oh,
-    NUM_SPLITS: tl.constexpr,
+    num_splits,  # S: a runtime value, so one compiled variant serves every S up to SPLITS_PAD
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
@@ -171,11 +162,11 @@ def paged_decode_reduce_kernel(
     s = tl.arange(0, SPLITS_PAD)
     d = tl.arange(0, HEAD_PAD)
     row = seq * num_heads + head
-    lse = tl.load(lse_ptr + row * NUM_SPLITS + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    lse = tl.load(lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
     # Split 0 always holds keys (seq_len >= 1), so the max is finite.
     weights = tl.exp2(lse - tl.max(lse, 0))  # [SPLITS_PAD]
-    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
-    partial_ptrs = partial_ptr + (row * NUM_SPLITS + s[:, None]) * HEAD_DIM + d[None, :]
+    mask = (s[:, None] < num_splits) & (d[None, :] < HEAD_DIM)
+    partial_ptrs = partial_ptr + (row * num_splits + s[:, None]) * HEAD_DIM + d[None, :]
     partial = tl.load(partial_ptrs, mask=mask, other=0.0)  # [SPLITS_PAD, HEAD_PAD]
     out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
     out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + d
@@ -261,7 +252,7 @@ def paged_decode_attention(
         num_sms = num_multiprocessors(query.device)
         num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
     group = num_heads // num_kv_heads
-    tile_n = max(TILE_TOKENS, block_size)
+    tile_n = max(tile_size(query.dtype, query.device), block_size)
     split = num_splits > 1
     if split:
         tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
@@ -297,6 +288,7 @@ def paged_decode_attention(
         TILE_N=tile_n,
         SPLIT=split,
         UPCAST=upcast_for_dot(query),
+        num_warps=decode_num_warps(query.dtype, query.device),
     )
     if split:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](
@@ -304,7 +296,7 @@ def paged_decode_attention(
             partial,
             lse,
             *out.stride()[:2],
-            NUM_SPLITS=num_splits,
+            num_splits,
             SPLITS_PAD=next_power_of_2(num_splits),
             HEAD_DIM=head_dim,
             HEAD_PAD=next_power_of_2(head_dim),

@@ -6,20 +6,21 @@ A program owns (sequence, tile of BLOCK_Q query tokens, KV head); its M dimensio
 BLOCK_Q tokens times the GROUP query heads sharing that KV head (row = token * GROUP_PAD +
 head in group), so each KV tile is loaded once per group. The KV loop stops at the tile's
 last query position, so causal work beyond the diagonal is never loaded.
+
+The grid is a flat list of the (sequence, query tile) pairs that exist, built on the host
+(`build_work_items`): a mixed step of one long chunk beside many decodes launches one program
+per tile, not (sequences x tiles of the longest chunk) of which almost all would exit at once.
 Twin: `kernels.reference.paged_prefill_attention`."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import (
-    load_kv_tile,
-    online_softmax_step,
-    tile_scores,
-    tile_weighted_values,
-)
+from kernels.attention_tile import attend_kv_range
 from kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -28,16 +29,19 @@ from kernels.launch_checks import (
     check_query,
     next_power_of_2,
     output_like,
+    tile_size,
     upcast_for_dot,
 )
 
 LOG2_E = 1.4426950408889634
-# Rows (query tokens x group heads) per program, and KV tokens per inner iteration.
-ROWS_PER_PROGRAM = 64
-TILE_TOKENS = 64
+# "flat": one program per query tile that exists; "padded": the (sequences x tiles of the
+# longest chunk) grid this kernel had first, kept selectable to measure the difference.
+PREFILL_GRIDS = ("flat", "padded")
 
 
-@triton.jit
+# `block_tables` rows are as wide as the step's longest sequence needs: not specialised on, so
+# one compiled variant serves every step (see `paged_decode`).
+@triton.jit(do_not_specialize=["stride_bt"])
 def paged_prefill_kernel(
     out_ptr,  # [T, Hq, D]
     query_ptr,  # [T, Hq, D], stride 1 in D, packed by query_start_loc
@@ -46,6 +50,7 @@ def paged_prefill_kernel(
     block_tables_ptr,  # [B, max_blocks] int32
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32: cached prefix + new tokens
+    work_items_ptr,  # [W, 2] int32 (sequence, query tile), with FLAT_GRID; else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
     stride_qt,
     stride_qh,
@@ -58,6 +63,7 @@ def paged_prefill_kernel(
     stride_vb,
     stride_vh,
     stride_bt,
+    NUM_KV_HEADS: tl.constexpr,
     GROUP: tl.constexpr,
     GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr,
@@ -66,13 +72,23 @@ def paged_prefill_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
+    FLAT_GRID: tl.constexpr,
 ):
-    seq = tl.program_id(0).to(tl.int64)
-    q_tile = tl.program_id(1)
-    kv_head = tl.program_id(2)
+    if FLAT_GRID:
+        # One program per (work item, KV head), heads fastest, so the heaviest items (listed
+        # first) start first on every head.
+        work = tl.program_id(0) // NUM_KV_HEADS
+        kv_head = tl.program_id(0) % NUM_KV_HEADS
+        seq = tl.load(work_items_ptr + 2 * work).to(tl.int64)
+        q_tile = tl.load(work_items_ptr + 2 * work + 1)
+    else:
+        seq = tl.program_id(0).to(tl.int64)
+        q_tile = tl.program_id(1)
+        kv_head = tl.program_id(2)
     q_start = tl.load(query_start_loc_ptr + seq)
     q_len = tl.load(query_start_loc_ptr + seq + 1) - q_start
-    # The grid is sized for the longest chunk; shorter chunks leave programs with no rows.
+    # The padded grid is sized for the longest chunk; shorter chunks leave programs with no
+    # rows. The flat grid lists only tiles that exist.
     if q_tile * BLOCK_Q >= q_len:
         return
     seq_len = tl.load(seq_lens_ptr + seq)
@@ -98,44 +114,32 @@ def paged_prefill_kernel(
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([BLOCK_Q * GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([BLOCK_Q * GROUP_PAD, HEAD_PAD], dtype=tl.float32)
-    n = tl.arange(0, TILE_N)
-    for tile_start in range(0, kv_end, TILE_N):
-        positions = tile_start + n
-        valid = positions < kv_end
-        k = load_kv_tile(
-            k_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_kn,
-            stride_kb,
-            stride_kh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        scores = tile_scores(q, k, UPCAST) * scale_log2  # [M, TILE_N]
-        causal = valid[None, :] & (positions[None, :] <= q_pos[:, None])
-        scores = tl.where(causal, scores, float("-inf"))
-        # Position 0 is in the first tile and visible to every row, so m_i is finite from
-        # then on and a row fully masked in a later tile just adds zeros.
-        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
-        v = load_kv_tile(
-            v_cache_ptr,
-            table_ptr,
-            positions,
-            valid,
-            kv_head,
-            stride_vn,
-            stride_vb,
-            stride_vh,
-            BLOCK_SIZE,
-            HEAD_DIM,
-            HEAD_PAD,
-        )
-        acc = acc * alpha[:, None] + tile_weighted_values(p, v, UPCAST)
-        m_i = m_new
+    m_i, l_i, acc = attend_kv_range(
+        q,
+        q_pos,
+        m_i,
+        l_i,
+        acc,
+        k_cache_ptr,
+        v_cache_ptr,
+        table_ptr,
+        kv_head,
+        0,
+        kv_end,
+        scale_log2,
+        stride_kn,
+        stride_kb,
+        stride_kh,
+        stride_vn,
+        stride_vb,
+        stride_vh,
+        True,
+        BLOCK_SIZE,
+        HEAD_DIM,
+        HEAD_PAD,
+        TILE_N,
+        UPCAST,
+    )
 
     out = acc / l_i[:, None]
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
@@ -166,14 +170,75 @@ def check_prefill_args(
         raise ValueError("block_tables must be contiguous in its last dim")
 
 
-def choose_block_q(group: int) -> tuple[int, int]:
+def choose_block_q(group: int, rows_per_program: int = 64) -> tuple[int, int]:
     """(BLOCK_Q, GROUP_PAD): query tokens per program and padded group, with
-    BLOCK_Q * GROUP_PAD = max(ROWS_PER_PROGRAM, GROUP_PAD) rows."""
+    BLOCK_Q * GROUP_PAD = max(rows_per_program, GROUP_PAD) rows (rows: query tokens x group
+    heads; `launch_checks.tile_size` picks how many)."""
     group_pad = next_power_of_2(group)
-    block_q = max(1, ROWS_PER_PROGRAM // group_pad)
+    block_q = max(1, rows_per_program // group_pad)
     if block_q * group_pad < MIN_DOT_DIM:
         group_pad = MIN_DOT_DIM // block_q
     return block_q, group_pad
+
+
+def prefill_work_items(
+    query_lens: torch.Tensor,  # [B] int, host
+    seq_lens: torch.Tensor,  # [B] int, host: cached prefix + new tokens
+    block_q: int,
+) -> torch.Tensor:  # [W, 2] int32, host
+    """(sequence, query tile) of every tile that holds query tokens, the tiles that read the
+    most keys first so that the longest programs do not start last and set the tail."""
+    query_lens, seq_lens = query_lens.long(), seq_lens.long()
+    num_tiles = (query_lens + block_q - 1) // block_q  # [B]
+    seqs = torch.repeat_interleave(torch.arange(num_tiles.shape[0]), num_tiles)  # [W]
+    first_item = torch.cumsum(num_tiles, 0) - num_tiles
+    tiles = torch.arange(seqs.shape[0]) - first_item[seqs]
+    num_keys = (seq_lens - query_lens)[seqs] + torch.minimum(
+        (tiles + 1) * block_q, query_lens[seqs]
+    )
+    order = torch.argsort(num_keys, descending=True, stable=True)
+    return torch.stack([seqs[order], tiles[order]], 1).to(torch.int32)
+
+
+def build_work_items(
+    query_lens: list[int],
+    seq_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    dtype: torch.dtype,
+    device: torch.device,
+) -> torch.Tensor:  # [W, 2] int32 on device
+    """The flat grid's work list for a step, from host-side lengths: build it once per step
+    and pass it to every layer's `paged_prefill_attention(work_items=...)` for a query of
+    this dtype on this device (which set the tile size)."""
+    block_q, _ = choose_block_q(num_heads // num_kv_heads, tile_size(dtype, device))
+    items = prefill_work_items(torch.tensor(query_lens), torch.tensor(seq_lens), block_q)
+    return items.to(device)
+
+
+def check_work_items(work_items: torch.Tensor, query: torch.Tensor) -> None:
+    if work_items.dim() != 2 or work_items.shape[1] != 2 or work_items.dtype != torch.int32:
+        raise ValueError(
+            f"work_items must be [W, 2] int32 (sequence, query tile), got "
+            f"{tuple(work_items.shape)} {work_items.dtype}"
+        )
+    if work_items.device != query.device or not work_items.is_contiguous():
+        raise ValueError(f"work_items must be contiguous on {query.device}")
+
+
+def prefill_grid(
+    grid: str,
+    work_items: torch.Tensor | None,
+    num_seqs: int,
+    max_query_len: int,
+    num_kv_heads: int,
+    block_q: int,
+) -> tuple[int, ...]:
+    """Programs to launch: one per (work item, KV head) for "flat"; (sequences x tiles of the
+    longest chunk x KV heads) for "padded", the pre-work-list grid kept for comparison."""
+    if grid == "flat":
+        return (work_items.shape[0] * num_kv_heads,)
+    return (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
 
 
 def paged_prefill_attention(
@@ -186,28 +251,44 @@ def paged_prefill_attention(
     scale: float,
     *,
     max_query_len: int | None = None,
+    work_items: torch.Tensor | None = None,
+    grid: str = "flat",
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole. The new
-    tokens' keys and values must already be in the cache. `max_query_len` (the longest chunk)
-    saves the device sync that sizing the grid otherwise needs; `out`, if given, receives
-    the result."""
+    tokens' keys and values must already be in the cache.
+
+    `grid`: "flat" (default) launches one program per query tile that exists, from
+    `work_items` (see `build_work_items`; computed here, with a device sync, when not
+    given); "padded" launches (sequences x tiles of the longest chunk), sized by
+    `max_query_len` (computed with a sync when not given). `out`, if given, receives the
+    result."""
     check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
+    if grid not in PREFILL_GRIDS:
+        raise ValueError(f"grid must be one of {PREFILL_GRIDS}, got {grid!r}")
     num_tokens, num_heads, head_dim = query.shape
     num_seqs = seq_lens.shape[0]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     out = output_like(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
-    if max_query_len is None:
-        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
-    if max_query_len <= 0:
-        return out
     group = num_heads // num_kv_heads
-    block_q, group_pad = choose_block_q(group)
-    grid = (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
-    paged_prefill_kernel[grid](
+    tile = tile_size(query.dtype, query.device)
+    block_q, group_pad = choose_block_q(group, tile)
+    if grid == "flat" and work_items is None:
+        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
+        work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
+    if grid == "flat":
+        check_work_items(work_items, query)
+    elif max_query_len is None:
+        max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
+    launch_grid = prefill_grid(
+        grid, work_items, num_seqs, max_query_len or 0, num_kv_heads, block_q
+    )
+    if math.prod(launch_grid) == 0:
+        return out
+    paged_prefill_kernel[launch_grid](
         out,
         query,
         k_cache,
@@ -215,19 +296,22 @@ def paged_prefill_attention(
         block_tables,
         query_start_loc,
         seq_lens,
+        work_items if grid == "flat" else seq_lens,  # unused without FLAT_GRID
         scale * LOG2_E,
         *query.stride()[:2],
         *out.stride()[:2],
         *k_cache.stride()[:3],
         *v_cache.stride()[:3],
         block_tables.stride(0),
+        NUM_KV_HEADS=num_kv_heads,
         GROUP=group,
         GROUP_PAD=group_pad,
         BLOCK_Q=block_q,
         HEAD_DIM=head_dim,
         HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size,
-        TILE_N=max(TILE_TOKENS, block_size),
+        TILE_N=max(tile, block_size),
         UPCAST=upcast_for_dot(query),
+        FLAT_GRID=grid == "flat",
     )
     return out

@@ -14,9 +14,10 @@ import torch
 
 from services.gpu_worker.default_model import ensure_model
 from services.gpu_worker.model_runner import ModelRunner
+from services.scheduler.engine_shape import EngineShape
 from services.scheduler.scheduler import Scheduler
 from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, TokenDelta
+from shared.protocol import GenerateRequest, SamplingParams, TokenDelta, WorkerHello
 
 MAX_IDLE_STEPS = 100  # empty plans in a row with work waiting: a scheduler that is stuck
 
@@ -70,19 +71,30 @@ class LLMEngine:
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             show_progress=show_progress,
         )
-        scheduler_config = dataclasses.replace(
-            scheduler_config,
-            max_model_len=min(scheduler_config.max_model_len, self.runner.max_model_len),
-            max_num_batched_tokens=self.runner.max_num_batched_tokens,  # the device's if unset
+        self.shape = EngineShape.derive([self._hello()], scheduler_config, cache_config)
+        self.scheduler = Scheduler(
+            self.shape.scheduler_config(scheduler_config),
+            self.shape.cache_config(cache_config),
+            vocab_size=self.shape.vocab_size,
         )
-        cache_config = dataclasses.replace(
-            cache_config, num_blocks=self.runner.num_blocks, block_size=self.runner.block_size
-        )
-        self.scheduler = Scheduler(scheduler_config, cache_config)
         self.tokenizer = self._load_tokenizer()
         self.eos_token_ids = self._eos_token_ids()
         self._ids = itertools.count()
         self._last_plan_ran = False
+
+    def _hello(self) -> WorkerHello:
+        """What the runner would tell a scheduler process: the engine's shape derives from it."""
+        runner = self.runner
+        return WorkerHello(
+            rank=0,
+            world_size=1,
+            num_blocks=runner.num_blocks,
+            block_size=runner.block_size,
+            max_model_len=runner.max_model_len,
+            model=str(self.model_dir),
+            max_num_batched_tokens=runner.max_num_batched_tokens,
+            vocab_size=runner.vocab_size,
+        )
 
     def _load_tokenizer(self) -> Any | None:
         if (
@@ -143,6 +155,23 @@ class LLMEngine:
         (a benchmark's runs stay comparable). Raises ValueError while requests are unfinished."""
         self.scheduler.reset_prefix_cache()
 
+    def _add_all(
+        self, prompts: list[str] | list[list[int]], params: list[SamplingParams]
+    ) -> dict[str, GenerationResult]:
+        """Queue every prompt, or none: if one is rejected, those already queued are aborted
+        (they would otherwise run in the next call) and the error is raised."""
+        results: dict[str, GenerationResult] = {}
+        try:
+            for prompt, sp in zip(prompts, params, strict=True):
+                request_id = f"gen-{next(self._ids)}"
+                token_ids = self.encode(prompt)
+                self.add_request(GenerateRequest(request_id, token_ids, sp))
+                results[request_id] = GenerationResult(request_id, token_ids)
+        except Exception:
+            self.scheduler.abort_requests(list(results), "a later prompt was rejected")
+            raise
+        return results
+
     def generate(
         self,
         prompts: list[str] | list[list[int]],
@@ -153,12 +182,7 @@ class LLMEngine:
         params = sampling if isinstance(sampling, list) else [sampling] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
-        results: dict[str, GenerationResult] = {}
-        for prompt, sp in zip(prompts, params, strict=True):
-            request_id = f"gen-{next(self._ids)}"
-            token_ids = self.encode(prompt)
-            results[request_id] = GenerationResult(request_id, token_ids)
-            self.add_request(GenerateRequest(request_id, token_ids, sp))
+        results = self._add_all(prompts, params)
         num_idle_steps = 0
         while self.has_unfinished_requests():
             deltas = self.step()

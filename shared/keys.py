@@ -49,3 +49,8 @@ class RedisKeys:
     def request(self, request_id: str) -> str:
         """Hash of one request's state and timeline, kept for a while after it finishes."""
         return f"{self.namespace}:req:{request_id}"
+
+    @property
+    def process_restarts(self) -> str:
+        """Hash: process name -> how often `pagedserve serve` restarted it (read by /metrics)."""
+        return f"{self.namespace}:serve:restarts"

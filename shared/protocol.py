@@ -19,6 +19,7 @@ A step plan sends a sequence in full once (`NewSequence`), then only what change
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,9 @@ class ProtocolError(ValueError):
 # Requests (gateway -> scheduler)
 
 
+GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
+
+
 @dataclass(frozen=True, slots=True)
 class SamplingParams:
     """How to pick tokens for one sequence. Validation with user-facing messages happens in the
@@ -40,7 +44,7 @@ class SamplingParams:
 
     temperature: float = 1.0
     top_p: float = 1.0
-    top_k: int = -1  # -1: all tokens
+    top_k: int = -1  # -1 or 0: all tokens (as vLLM)
     min_p: float = 0.0
     seed: int | None = None
     presence_penalty: float = 0.0
@@ -52,10 +56,13 @@ class SamplingParams:
     eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+    # log-softmax of every prompt position's token (and its top k); None: none
+    prompt_logprobs: int | None = None
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
 
     @property
     def is_greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_TEMPERATURE
 
     def validate(self) -> None:
         problems = []
@@ -63,20 +70,22 @@ class SamplingParams:
             problems.append(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             problems.append(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k == 0 or self.top_k < -1:
-            problems.append(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        if self.top_k < -1:
+            problems.append(f"top_k must be -1 or 0 (disabled) or >= 1, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             problems.append(f"min_p must be in [0, 1], got {self.min_p}")
         if self.repetition_penalty <= 0:
             problems.append(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-        if self.max_tokens < 1:
-            problems.append(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens < 0:
+            problems.append(f"max_tokens must be >= 0, got {self.max_tokens}")
         if not 0 <= self.min_tokens <= self.max_tokens:
             problems.append(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
         if self.logprobs is not None and not 0 <= self.logprobs <= 20:
             problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
+            problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
         if problems:
             raise ValueError("; ".join(problems))
 
@@ -101,6 +110,16 @@ class AbortRequest:
 # Outputs (scheduler -> gateway)
 
 
+@dataclass(frozen=True, slots=True)
+class PromptLogprobs:
+    """The model's log-softmax at every prompt position after the first: entry i is about
+    prompt token i + 1 given tokens 0..i (the first token has no logprob)."""
+
+    token_logprobs: list[float]
+    ranks: list[int]  # 1 + how many tokens were more likely than the prompt's own
+    top_logprobs: list[list[tuple[int, float]]]  # per position, best first (k each)
+
+
 # TokenDelta.error_code values: what kind of failure, so the gateway can pick the HTTP status.
 ERROR_QUEUE_FULL = "queue_full"  # retryable: 503 with Retry-After
 ERROR_INVALID_REQUEST = "invalid_request"  # the request can never run: 400
@@ -122,6 +141,7 @@ class TokenDelta:
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop token id that ended it, if any
+    prompt_logprobs: PromptLogprobs | None = None  # once, with the first token, when asked
 
     @property
     def finished(self) -> bool:
@@ -205,8 +225,9 @@ class WorkerHello:
     model: str
     pid: int = 0
     # the per-step token budget this rank sized itself for (its device default unless given);
-    # a scheduler given none adopts the first hello's
+    # a scheduler given none adopts rank 0's
     max_num_batched_tokens: int = 2048
+    vocab_size: int = 0  # token ids the model knows are below this; 0: unknown
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,13 +241,32 @@ class StepResult:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     error: str | None = None  # a failed step: every sequence in it is failed with this
     execute_time_s: float = 0.0
+    # per sampled sequence: its prompt's logprobs, when asked for and finished this step
+    prompt_logprobs: list[PromptLogprobs | None] | None = None
+
+
+ROLE_SCHEDULER = "scheduler"
+ROLE_WORKER = "worker"
 
 
 @dataclass(frozen=True, slots=True)
 class Heartbeat:
-    sender: str  # "scheduler" or "worker:<rank>"
+    """ "I am alive", both ways. A scheduler's names its epoch (one view of its workers: a
+    worker that sees a new one drops its state and says hello); a worker's names its rank."""
+
+    role: str  # ROLE_SCHEDULER | ROLE_WORKER
     time: float
-    step_id: int = -1
+    step_id: int = -1  # the last step the sender published (scheduler) or started (worker)
+    rank: int = 0  # a worker's rank
+    epoch: str = ""  # a scheduler's epoch
+
+    @classmethod
+    def from_scheduler(cls, epoch: str, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_SCHEDULER, time=time.time(), step_id=step_id, epoch=epoch)
+
+    @classmethod
+    def from_worker(cls, rank: int, step_id: int) -> Heartbeat:
+        return cls(role=ROLE_WORKER, time=time.time(), step_id=step_id, rank=rank)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -245,6 +285,7 @@ _MESSAGE_TYPES: tuple[type, ...] = (
     WorkerHello,
     StepResult,
     Heartbeat,
+    PromptLogprobs,  # new types go last: a message's tag is its position
 )
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
@@ -274,6 +315,8 @@ def _ext_hook(tag: int, data: bytes) -> Any:
     kwargs = dict(zip(names, values, strict=True))
     for name in _TUPLE_FIELDS.get(cls, ()):
         kwargs[name] = tuple(kwargs[name])
+    if cls is SamplingParams:
+        kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
     return cls(**kwargs)
 
 

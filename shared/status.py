@@ -38,6 +38,8 @@ class EngineStatus:
     pid: int = 0
     integrity_ok: bool = True  # the last idle check_integrity() passed (False: see its log)
     integrity_checked_at: float = 0.0  # unix seconds of that check; 0.0: none yet
+    iteration_tokens: str = ""  # shared/iteration_histogram.py's encoding; "": none yet
+    block_size: int = 0  # tokens per KV block (vllm:cache_config_info)
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,9 @@ This is the one module of `shared/` that imports pyzmq. `AsyncResultPuller` and
 
 from __future__ import annotations
 
+import os
+import stat
+import tempfile
 from typing import Any
 
 import zmq
@@ -25,9 +28,31 @@ import zmq.asyncio
 
 from shared.protocol import ProtocolError, decode, encode
 
+MAX_IPC_PATH_BYTES = 107  # sun_path is 108 bytes with its terminating NUL
+
 
 class TransportError(RuntimeError):
     """A message of the wrong type arrived where a protocol message was expected."""
+
+
+def private_socket_dir(prefix: str = "pagedserve-zmq-") -> str:
+    """A new directory only this user can enter (0700), for ipc:// sockets: a local process of
+    another user cannot connect to a socket inside it, so cannot read the plans' token ids.
+    The caller removes it."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    os.chmod(path, stat.S_IRWXU)  # mkdtemp makes it 0700 already; say it here too
+    return path
+
+
+def ipc_address(socket_dir: str, name: str) -> str:
+    """`ipc://<socket_dir>/<name>.sock`; a Unix socket path must fit in 107 bytes."""
+    path = os.path.join(socket_dir, f"{name}.sock")
+    if len(path.encode()) > MAX_IPC_PATH_BYTES:
+        raise ValueError(
+            f"ipc socket path {path!r} is {len(path.encode())} bytes, over the "
+            f"{MAX_IPC_PATH_BYTES} a Unix socket allows: use a shorter TMPDIR"
+        )
+    return f"ipc://{path}"
 
 
 def _configure(socket: zmq.Socket, *, sndhwm: int | None = None) -> None:

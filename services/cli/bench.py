@@ -1,4 +1,4 @@
-"""`pagedserve bench`: load-test an OpenAI-compatible server (see `benchmarks/serve.py`)."""
+"""`pagedserve bench`: load-test an OpenAI-compatible server (`services/cli/loadgen/`)."""
 
 from __future__ import annotations
 
@@ -101,11 +101,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     hf.add_argument("--hf-dtype", default="auto", help="auto | bfloat16 | float32")
     hf.add_argument("--hf-batch-sizes", type=_int_list, default=[4, 16, 32])
     hf.add_argument("--hf-threads", type=int, default=None, help="torch threads (default: all)")
+    hf.add_argument(
+        "--hf-device", choices=["cpu", "cuda"], default="cpu", help="where HF generate runs"
+    )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from benchmarks.serve import BenchError, run_from_args
+    from services.cli.loadgen.runner import BenchError, run_from_args
 
     try:
         return run_from_args(args)

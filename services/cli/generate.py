@@ -12,9 +12,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.config import DEFAULT_MODEL, env_default
+from shared.options import add_options, use
 from shared.protocol import SamplingParams
 
+# The engine's flags, from the one option table (with an offline engine's defaults).
+GENERATE_OPTIONS = (
+    use("model", help=None),
+    use("dtype", choices=("auto", "float32", "bfloat16")),
+    use("max_num_seqs", default=64),
+    use("max_num_batched_tokens", help="default: 512 CPU, 2048 CUDA"),
+    use("max_model_len", default=2048, help=None),
+    use("num_blocks", help=None),
+)
 _PER_LINE_FIELDS = ("max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "min_tokens")
 
 
@@ -25,7 +34,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Run every prompt of a .txt (one per line) or .jsonl file through the "
         "in-process engine as one continuous batch and write one JSON line per prompt.",
     )
-    parser.add_argument("--model", default=env_default("model", DEFAULT_MODEL))
     parser.add_argument("--prompts", required=True, type=Path, help=".txt or .jsonl")
     parser.add_argument("--output", required=True, type=Path, help="where the JSONL goes")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -33,13 +41,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--seed", type=int, default=None)
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16"])
-    parser.add_argument("--max-num-seqs", type=int, default=64)
-    parser.add_argument(
-        "--max-num-batched-tokens", type=int, default=None, help="default: 512 CPU, 2048 CUDA"
-    )
-    parser.add_argument("--max-model-len", type=int, default=2048)
-    parser.add_argument("--num-blocks", type=int, default=None)
+    add_options(parser, *GENERATE_OPTIONS)
     parser.set_defaults(func=run)
 
 

@@ -17,8 +17,8 @@ import urllib.request
 
 import redis
 
-from shared.config import DEFAULT_NAMESPACE, RedisConfig, env_default
 from shared.keys import RedisKeys
+from shared.options import add_options, use
 from shared.status import ENGINE_STATUS_TTL_S, EngineStatus, from_fields
 
 
@@ -59,9 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = kinds.add_parser("gateway")
     gateway.add_argument("--url", default="http://127.0.0.1:8000/health")
     engine = kinds.add_parser("engine")
-    engine.add_argument("--redis-url", default=env_default("redis_url", RedisConfig().url))
-    engine.add_argument("--namespace", default=env_default("namespace", DEFAULT_NAMESPACE))
-    engine.add_argument("--engine-id", default=env_default("engine_id", "engine0"))
+    add_options(engine, "redis_url", "namespace", use("engine_id", default="engine0"))
     return parser
 
 

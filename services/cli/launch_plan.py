@@ -9,8 +9,11 @@ import sys
 from dataclasses import dataclass, field
 
 from services.cli.supervisor import ChildSpec
+from shared.options import option_argv
+from shared.transport import ipc_address
 
 LOOPBACK = "127.0.0.1"
+SERVE_ENGINE_WAIT_S = 120.0  # ~30-60 s for a worker's restart on a loaded 2-core box, doubled
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class ServeOptions:
     engine_id: str = "engine0"
     shutdown_timeout: float = 30.0
     startup_timeout: float = 600.0
+    # The gateways' and the scheduler's wait for a dead engine process: longer than their own
+    # defaults (30 s, 60 s), since serve restarts it and a restart reloads torch and the model.
+    engine_loss_timeout: float = SERVE_ENGINE_WAIT_S
+    worker_recovery_timeout: float = SERVE_ENGINE_WAIT_S
 
 
 @dataclass(frozen=True)
@@ -60,8 +67,8 @@ class LaunchPlan:
     gateways: list[ChildSpec] = field(default_factory=list)
 
 
-def _python(module: str, *args: object) -> list[str]:
-    return [sys.executable, "-m", module, *(str(a) for a in args)]
+def _python(module: str, argv: list[str]) -> list[str]:
+    return [sys.executable, "-m", module, *argv]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -69,91 +76,119 @@ def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return {**os.environ, "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
-def _device_default_args(options: ServeOptions) -> list[str]:
-    """Only an explicit block size and token budget are passed: without them the workers pick
-    their device's defaults and the scheduler adopts them from their hello."""
-    args: list[str] = []
-    if options.block_size is not None:
-        args += ["--block-size", str(options.block_size)]
-    if options.max_num_batched_tokens is not None:
-        args += ["--max-num-batched-tokens", str(options.max_num_batched_tokens)]
-    return args
+def engine_links(ports: Ports, socket_dir: str | None) -> dict[str, object]:
+    """Where the scheduler and its workers meet: ipc:// sockets in `socket_dir` (a private
+    0700 directory: no other local user can subscribe to the plans), else TCP on loopback."""
+    if socket_dir is None:
+        return {"plan_port": ports.plan, "result_port": ports.result}
+    return {
+        "plan_address": ipc_address(socket_dir, "plan"),
+        "result_address": ipc_address(socket_dir, "result"),
+    }
 
 
-def scheduler_spec(options: ServeOptions, redis_url: str, ports: Ports) -> ChildSpec:
-    argv = _python(
-        "services.scheduler",
-        "--redis-url", redis_url,
-        "--namespace", options.namespace,
-        "--engine-id", options.engine_id,
-        "--host", LOOPBACK,
-        "--plan-port", ports.plan,
-        "--result-port", ports.result,
-        "--tensor-parallel-size", options.tensor_parallel_size,
-        "--max-num-seqs", options.max_num_seqs,
-        "--policy", options.scheduling_policy,
-    )  # fmt: skip
-    argv += _device_default_args(options)
-    if options.max_model_len is not None:
-        argv += ["--max-model-len", str(options.max_model_len)]
-    if not options.enable_prefix_caching:
-        argv.append("--no-prefix-caching")
-    return ChildSpec("scheduler", argv, ready_line="scheduler ready", env=child_env())
+def scheduler_spec(
+    options: ServeOptions, redis_url: str, ports: Ports, socket_dir: str | None = None
+) -> ChildSpec:
+    """Only an explicit block size and token budget are passed (None is left out): without
+    them the workers pick their device's defaults and the scheduler adopts them."""
+    argv = option_argv({
+        "redis_url": redis_url,
+        "namespace": options.namespace,
+        "engine_id": options.engine_id,
+        "host": LOOPBACK,
+        **engine_links(ports, socket_dir),
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "max_num_seqs": options.max_num_seqs,
+        "policy": options.scheduling_policy,
+        "block_size": options.block_size,
+        "max_num_batched_tokens": options.max_num_batched_tokens,
+        "max_model_len": options.max_model_len,
+        "no_prefix_caching": not options.enable_prefix_caching,
+        "worker_recovery_timeout": options.worker_recovery_timeout,
+    })  # fmt: skip
+    return ChildSpec(
+        "scheduler",
+        _python("services.scheduler", argv),
+        ready_line="scheduler ready",
+        env=child_env(),
+    )
 
 
-def worker_spec(options: ServeOptions, model_dir: str, ports: Ports, rank: int) -> ChildSpec:
-    argv = _python(
-        "services.gpu_worker",
-        "--model", model_dir,
-        "--dtype", options.dtype,
-        "--rank", rank,
-        "--tensor-parallel-size", options.tensor_parallel_size,
-        "--scheduler-host", LOOPBACK,
-        "--plan-port", ports.plan,
-        "--result-port", ports.result,
-        "--master-addr", LOOPBACK,
-        "--master-port", ports.master,
-        "--gpu-memory-utilization", options.gpu_memory_utilization,
-        "--attention-backend", options.attention_backend,
-        "--device", options.device,
-    )  # fmt: skip
-    argv += _device_default_args(options)
-    if options.kv_cache_memory is not None:
-        argv += ["--kv-cache-memory", str(options.kv_cache_memory)]
-    if options.max_model_len is not None:
-        argv += ["--max-model-len", str(options.max_model_len)]
-    return ChildSpec(f"worker{rank}", argv, ready_line=f"worker {rank} ready", env=child_env())
+def worker_spec(
+    options: ServeOptions, model_dir: str, ports: Ports, rank: int, socket_dir: str | None = None
+) -> ChildSpec:
+    argv = option_argv({
+        "model": model_dir,
+        "dtype": options.dtype,
+        "rank": rank,
+        "tensor_parallel_size": options.tensor_parallel_size,
+        "scheduler_host": LOOPBACK,
+        **engine_links(ports, socket_dir),
+        "master_addr": LOOPBACK,
+        "master_port": ports.master,
+        "gpu_memory_utilization": options.gpu_memory_utilization,
+        "attention_backend": options.attention_backend,
+        "device": options.device,
+        "block_size": options.block_size,
+        "max_num_batched_tokens": options.max_num_batched_tokens,
+        "kv_cache_memory": options.kv_cache_memory,
+        "max_model_len": options.max_model_len,
+        "max_num_seqs": options.max_num_seqs,
+    })  # fmt: skip
+    return ChildSpec(
+        f"worker{rank}",
+        _python("services.gpu_worker", argv),
+        ready_line=f"worker {rank} ready",
+        env=child_env(),
+    )
 
 
 def gateway_spec(
-    options: ServeOptions, model_dir: str, redis_url: str, port: int, index: int
+    options: ServeOptions,
+    model_dir: str,
+    redis_url: str,
+    port: int,
+    index: int,
+    generation: int = 0,
 ) -> ChildSpec:
-    argv = _python(
-        "services.gateway",
-        "--model", model_dir,
-        "--served-model-name", options.served_model_name or options.model,
-        "--redis-url", redis_url,
-        "--namespace", options.namespace,
-        "--host", options.host,
-        "--port", port,
-        "--gateway-id", f"{options.engine_id}-gateway{index}",
-        "--shutdown-timeout", options.shutdown_timeout,
-    )  # fmt: skip
-    if options.max_model_len is not None:
-        argv += ["--max-model-len", str(options.max_model_len)]
+    """Replica `index` on `port`. A restarted replica (`generation` > 0) takes a new gateway
+    id: the engines then see the old id's heartbeat expire and abort what its clients, who
+    left with it, had asked for."""
+    gateway_id = f"{options.engine_id}-gateway{index}" + (f"-r{generation}" if generation else "")
+    argv = option_argv({
+        "model": model_dir,
+        "served_model_name": options.served_model_name or options.model,
+        "redis_url": redis_url,
+        "namespace": options.namespace,
+        "host": options.host,
+        "port": port,
+        "gateway_id": gateway_id,
+        "shutdown_timeout": options.shutdown_timeout,
+        "engine_loss_timeout": options.engine_loss_timeout,
+        "max_model_len": options.max_model_len,
+    })  # fmt: skip
     # The key goes through the environment: a command line is visible to every local user.
     env = child_env({"PAGEDSERVE_API_KEY": options.api_key} if options.api_key else None)
     if not options.api_key:
         env.pop("PAGEDSERVE_API_KEY", None)
     name = "gateway" if options.num_gateways == 1 else f"gateway{index}"
-    return ChildSpec(name, argv, env=env)
+    return ChildSpec(name, _python("services.gateway", argv), env=env)
 
 
-def plan_launch(options: ServeOptions, model_dir: str, redis_url: str, ports: Ports) -> LaunchPlan:
-    """The engine (scheduler + TP workers) and the gateway replicas, one per port."""
-    engine = [scheduler_spec(options, redis_url, ports)]
+def plan_launch(
+    options: ServeOptions,
+    model_dir: str,
+    redis_url: str,
+    ports: Ports,
+    socket_dir: str | None = None,
+) -> LaunchPlan:
+    """The engine (scheduler + TP workers) and the gateway replicas, one per port; the
+    engine's ZeroMQ sockets in `socket_dir` when given (ipc://), else on loopback TCP."""
+    engine = [scheduler_spec(options, redis_url, ports, socket_dir)]
     engine += [
-        worker_spec(options, model_dir, ports, r) for r in range(options.tensor_parallel_size)
+        worker_spec(options, model_dir, ports, r, socket_dir)
+        for r in range(options.tensor_parallel_size)
     ]
     gateways = [
         gateway_spec(options, model_dir, redis_url, port, i)

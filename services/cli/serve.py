@@ -16,13 +16,14 @@ import socket
 import sys
 from dataclasses import fields
 
-from services.cli.launch_plan import Ports, ServeOptions
+from services.cli.launch_plan import SERVE_ENGINE_WAIT_S, Ports, ServeOptions
 from services.cli.local_cluster import LocalCluster
 from services.cli.ports import free_port, is_port_free
 from services.cli.redis_launcher import RedisNotFoundError, find_redis_server
-from shared.config import DEFAULT_NAMESPACE, CacheConfig, SchedulerConfig, env_default
+from shared.config import CacheConfig, SchedulerConfig
 from shared.logging import setup_logging
 from shared.model_files import ModelNotFoundError, is_default_alias, resolve_model_dir
+from shared.options import add_options, use
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,89 +37,28 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run, parser=parser)
 
 
+SERVE_OPTIONS = (
+    "model", "served_model_name", "tensor_parallel_size", "dtype", "device",
+    "attention_backend", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
+    "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching", "scheduling_policy",
+    use("host", help="gateway bind address (default: loopback)"), "port", "num_gateways",
+    "api_key",
+    use("redis_url", default=None, env_aliases=("REDIS_URL",),
+        help="default: $REDIS_URL, else a private redis-server"),
+    "namespace", use("engine_id", help="default: engine-HOSTNAME-PID"),
+    use("shutdown_timeout", help="seconds open requests get on SIGTERM/Ctrl-C"),
+    "startup_timeout",
+    # serve restarts a dead engine process itself: open requests wait for it
+    use("engine_loss_timeout", default=SERVE_ENGINE_WAIT_S,
+        help="seconds the gateways keep open requests while no engine is live"),
+    use("worker_recovery_timeout", default=SERVE_ENGINE_WAIT_S,
+        help="seconds the scheduler keeps unfinished requests while it has no workers"),
+)  # fmt: skip
+
+
 def add_serve_arguments(parser: argparse.ArgumentParser) -> None:
     """Every flag also reads `PAGEDSERVE_<FLAG>` (REDIS_URL too for --redis-url)."""
-    d, e = ServeOptions(), env_default
-    add = parser.add_argument
-    add("--model", default=e("model", d.model), help="'smollm2' (default) or a HF model directory")
-    add("--served-model-name", default=e("served_model_name", "") or None, help="default: --model")
-    add("--tensor-parallel-size", "-tp", type=int, default=int(e("tensor_parallel_size", "1")))
-    add("--dtype", default=e("dtype", d.dtype), choices=["auto", "float32", "bfloat16", "float16"])
-    add("--device", default=e("device", d.device), choices=["auto", "cpu", "cuda"])
-    add(
-        "--attention-backend",
-        default=e("attention_backend", "auto"),
-        choices=["auto", "torch", "triton"],
-    )
-    add(
-        "--max-model-len",
-        type=int,
-        default=_opt_int(e("max_model_len", "")),
-        help="default: the model's",
-    )
-    add("--max-num-seqs", type=int, default=int(e("max_num_seqs", str(d.max_num_seqs))))
-    add(
-        "--max-num-batched-tokens",
-        type=int,
-        default=_opt_int(e("max_num_batched_tokens", "")),
-        help="tokens computed in one step; default: 512 on CPU, 2048 on CUDA",
-    )
-    add(
-        "--block-size",
-        type=int,
-        default=_opt_int(e("block_size", "")),
-        help="KV tokens per block; default: 8 on CPU, 16 on CUDA",
-    )
-    add("--gpu-memory-utilization", type=float, default=float(e("gpu_memory_utilization", "0.9")))
-    add(
-        "--kv-cache-memory",
-        type=int,
-        default=_opt_int(e("kv_cache_memory", "")),
-        help="KV cache bytes per rank (CPU); default: the worker's",
-    )
-    add(
-        "--no-enable-prefix-caching",
-        dest="enable_prefix_caching",
-        action="store_false",
-        default=e("enable_prefix_caching", "1") not in ("0", "false"),
-    )
-    add(
-        "--scheduling-policy",
-        default=e("scheduling_policy", d.scheduling_policy),
-        choices=["fcfs", "priority"],
-    )
-    add("--host", default=e("host", d.host), help="gateway bind address (default: loopback)")
-    add("--port", type=int, default=int(e("port", str(d.port))))
-    add(
-        "--num-gateways",
-        type=int,
-        default=int(e("num_gateways", "1")),
-        help="replicas on PORT, PORT+1, ...",
-    )
-    add("--api-key", default=e("api_key", "") or None, help="require `Authorization: Bearer KEY`")
-    add(
-        "--redis-url",
-        default=os.environ.get("REDIS_URL") or e("redis_url", "") or None,
-        help="default: $REDIS_URL, else a private redis-server",
-    )
-    add("--namespace", default=e("namespace", DEFAULT_NAMESPACE))
-    add("--engine-id", default=e("engine_id", "") or None, help="default: engine-HOSTNAME-PID")
-    add(
-        "--shutdown-timeout",
-        type=float,
-        default=float(e("shutdown_timeout", "30")),
-        help="seconds open requests get on SIGTERM/Ctrl-C",
-    )
-    add(
-        "--startup-timeout",
-        type=float,
-        default=float(e("startup_timeout", "600")),
-        help="seconds to wait for every process to be ready",
-    )
-
-
-def _opt_int(text: str) -> int | None:
-    return int(text) if text else None
+    add_options(parser, *SERVE_OPTIONS)
 
 
 def options_from_args(args: argparse.Namespace) -> ServeOptions:
@@ -144,6 +84,10 @@ def _check_bounds(o: ServeOptions) -> None:
         )
     if o.shutdown_timeout < 0:
         problems.append(f"--shutdown-timeout must be >= 0, got {o.shutdown_timeout}")
+    for flag, value in (("--engine-loss-timeout", o.engine_loss_timeout),
+                        ("--worker-recovery-timeout", o.worker_recovery_timeout)):  # fmt: skip
+        if value <= 0:
+            problems.append(f"{flag} must be > 0, got {value}")
     if o.startup_timeout <= 0:
         problems.append(f"--startup-timeout must be > 0, got {o.startup_timeout}")
     if o.kv_cache_memory is not None and o.kv_cache_memory < 1:

@@ -137,6 +137,21 @@ class Supervisor:
     def first_exited(self) -> Child | None:
         return next((c for c in self.children if c.poll() is not None), None)
 
+    def restart(self, old: Child, spec: ChildSpec | None = None) -> Child:
+        """Start `spec` (default: `old`'s) in the place of the exited child `old`."""
+        if old.poll() is None:
+            raise RuntimeError(f"{old.name} (pid {old.pid}) is still running")
+        _join_reader(old)
+        new = self.start(spec or old.spec)
+        self.children.remove(new)
+        self.children[self.children.index(old)] = new
+        return new
+
+    def reap(self, child: Child) -> None:
+        """Wait for the exited child's last output, so that its report is complete."""
+        child.proc.wait()
+        _join_reader(child)
+
     def wait_until(
         self,
         what: str,

@@ -10,48 +10,21 @@ import argparse
 import uuid
 
 from services.gateway.gateway_config import GatewayConfig
-from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE, env_default
 from shared.logging import setup_logging
+from shared.options import add_options, use
 
-
-def _optional_int(name: str) -> int | None:
-    value = env_default(name, "")
-    return int(value) if value else None
+GATEWAY_OPTIONS = (
+    use("model", help="alias or model directory"), use("served_model_name", help=None),
+    "redis_url", "namespace", "host", "port",
+    use("api_key", help="require this Bearer key"), "metrics_require_key", "gateway_id",
+    use("max_model_len", help=None), "max_pending_requests", "shutdown_timeout",
+    "engine_loss_timeout",
+)  # fmt: skip
 
 
 def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     parser = argparse.ArgumentParser(prog="python -m services.gateway", description=__doc__)
-    add = parser.add_argument
-    add("--model", default=env_default("model", DEFAULT_MODEL), help="alias or model directory")
-    add("--served-model-name", default=env_default("served_model_name", "") or None)
-    add("--redis-url", default=env_default("redis_url", "redis://127.0.0.1:6379/0"))
-    add("--namespace", default=env_default("namespace", DEFAULT_NAMESPACE))
-    add("--host", default=env_default("host", "127.0.0.1"), help="bind address (loopback)")
-    add("--port", type=int, default=int(env_default("port", "8000")))
-    add("--api-key", default=env_default("api_key", "") or None, help="require this Bearer key")
-    add(
-        "--metrics-require-key",
-        action="store_true",
-        default=env_default("metrics_require_key", "") in ("1", "true", "yes"),
-        help="ask for the API key on /metrics too (open by default)",
-    )
-    add("--gateway-id", default=env_default("gateway_id", ""), help="default: random")
-    add("--max-model-len", type=int, default=_optional_int("max_model_len"))
-    add(
-        "--max-pending-requests", type=int, default=int(env_default("max_pending_requests", "4096"))
-    )
-    add(
-        "--shutdown-timeout",
-        type=float,
-        default=float(env_default("shutdown_timeout", "30")),
-        help="on SIGTERM: seconds open requests may take before they are aborted",
-    )
-    add(
-        "--engine-loss-timeout",
-        type=float,
-        default=float(env_default("engine_loss_timeout", "30")),
-        help="seconds without any live engine after which open requests fail with a 503",
-    )
+    add_options(parser, *GATEWAY_OPTIONS)
     args = parser.parse_args(argv)
     try:
         return GatewayConfig(

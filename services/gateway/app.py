@@ -50,8 +50,9 @@ from services.gateway.request_builder import (
     tokenize_chat,
     tokenize_completion,
 )
-from services.gateway.response_formatter import ResponseFormatter
+from services.gateway.response_formatter import PromptView, ResponseFormatter
 from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
+from services.gateway.tokenize_routes import TokenizeRoutes
 from services.gateway.tokenizer import TokenizerInfo
 
 logger = logging.getLogger(__name__)
@@ -156,7 +157,7 @@ class GatewayRoutes:
         self.config = config
         self.info = info
         self.client = client
-        self.metrics = GatewayMetrics(config.model_name)
+        self.metrics = GatewayMetrics(config.model_name, info.max_model_len)
         self.created = int(time.time())
 
     def _check_model(self, model: str | None) -> None:
@@ -169,8 +170,8 @@ class GatewayRoutes:
                 code="model_not_found",
             )
 
-    async def models(self, request: Request) -> Response:
-        card = {
+    def _model_card(self) -> dict[str, Any]:
+        return {
             "id": self.config.model_name,
             "object": "model",
             "created": self.created,
@@ -178,7 +179,14 @@ class GatewayRoutes:
             "root": self.config.model,
             "max_model_len": self.info.max_model_len,
         }
-        return JSONResponse({"object": "list", "data": [card]})
+
+    async def models(self, request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [self._model_card()]})
+
+    async def model(self, request: Request) -> Response:
+        """GET /v1/models/{id}: the client's `models.retrieve`."""
+        self._check_model(request.path_params["model_id"])
+        return JSONResponse(self._model_card())
 
     async def completions(self, request: Request) -> Response:
         parsed = parse_completion_request(await read_json(request, self.config.max_body_bytes))
@@ -207,11 +215,18 @@ class GatewayRoutes:
         response_id = f"{prefix}-{uuid.uuid4().hex}"
         requests = engine_requests(response_id, prompts, options, self.info, self.client.gateway_id)
         want_logprobs = options.logprobs is not None
-        processors = [ChoiceProcessor(self.info, options.stop, want_logprobs) for _ in requests]
+        output = parsed.output
+        processors = [
+            ChoiceProcessor(self.info, options.stop, want_logprobs,
+                            skip_special_tokens=output.skip_special_tokens,
+                            include_stop_str_in_output=output.include_stop_str_in_output)
+            for _ in requests
+        ]  # fmt: skip
         session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
         formatter = ResponseFormatter(
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
-            want_logprobs,
+            want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
+            options.n, options.logprobs or 0,
         )  # fmt: skip
         await session.submit()
         try:
@@ -238,8 +253,14 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if update.text or update.logprobs or update.finish_reason:
-                        yield sse_event(formatter.chunk(index, update))
+                    if (
+                        update.text
+                        or update.logprobs
+                        or update.finish_reason
+                        or (update.token_ids and formatter.output.return_token_ids)
+                    ):
+                        processor = session.processors[index]
+                        yield sse_event(formatter.chunk(index, update, processor))
             if include_usage:
                 yield sse_event(formatter.usage_chunk(session.usage()))
         except APIError as exc:
@@ -274,11 +295,32 @@ class GatewayRoutes:
     async def metrics_text(self, request: Request) -> Response:
         try:
             statuses = await self.client.engine_statuses()
+            restarts = await self.client.process_restarts()
         except RedisError:
-            statuses = []
+            statuses, restarts = [], {}
         now = time.time()
         live = [s for s in statuses if self.client.is_live(s, now)]
-        return Response(self.metrics.render(live), media_type=CONTENT_TYPE)
+        return Response(self.metrics.render(live, restarts), media_type=CONTENT_TYPE)
+
+
+def prompt_views(
+    parsed: CompletionRequest | ChatRequest, prompts: list[PromptInput], info: TokenizerInfo
+) -> list[PromptView]:
+    """Each prompt's ids and, with `echo`, the text to repeat: a completion prompt as sent
+    (decoded when sent as ids or truncated); for chat, the last message when it is the
+    assistant's (vLLM)."""
+    if not parsed.output.echo:
+        return [PromptView(p.token_ids) for p in prompts]
+    if isinstance(parsed, ChatRequest):
+        last = parsed.messages[-1]
+        text = last.content if last.role == "assistant" else ""
+        return [PromptView(p.token_ids, text) for p in prompts]
+    views = []
+    for sent, prompt in zip(parsed.prompts, prompts, strict=True):
+        as_sent = isinstance(sent, str) and parsed.output.truncate_prompt_tokens is None
+        text = sent if as_sent else info.tokenizer.decode(prompt.token_ids)
+        views.append(PromptView(prompt.token_ids, text))
+    return views
 
 
 async def _collect(session: CompletionSession) -> None:
@@ -301,6 +343,9 @@ def build_app(
     """The ASGI app. The engine client starts and stops with the app's lifespan; with a
     `drainer`, requests are refused with 503 once it starts draining."""
     routes = GatewayRoutes(config, info, client)
+    tokenize_routes = TokenizeRoutes(
+        info, lambda request: read_json(request, config.max_body_bytes), routes._check_model
+    )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
@@ -313,11 +358,15 @@ def build_app(
     app = Starlette(
         routes=[
             Route("/v1/models", routes.models, methods=["GET"]),
+            Route("/v1/models/{model_id:path}", routes.model, methods=["GET"]),
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),
             Route("/metrics", routes.metrics_text, methods=["GET"]),
             Route("/openapi.json", routes.openapi, methods=["GET"]),
+            Route("/tokenize", tokenize_routes.tokenize, methods=["POST"]),
+            Route("/detokenize", tokenize_routes.detokenize, methods=["POST"]),
+            Route("/version", tokenize_routes.version, methods=["GET"]),
         ],
         middleware=[
             *([Middleware(DrainMiddleware, drainer=drainer)] if drainer else []),

@@ -27,6 +27,8 @@ from shared.protocol import ERROR_ENGINE, GenerateRequest, TokenDelta
 class ChoiceTiming:
     arrival: float
     last_token_at: float = 0.0
+    first_token_wall: float = 0.0  # unix seconds, to compare with the engine's scheduled_at
+    finish_wall: float = 0.0
 
 
 class CompletionSession:
@@ -115,6 +117,7 @@ class CompletionSession:
         if delta.token_ids:
             if timing.last_token_at == 0.0:
                 self.metrics.ttft.observe(now - timing.arrival)
+                timing.first_token_wall = time.time()
             else:
                 self.metrics.itl.observe(now - timing.last_token_at)
             timing.last_token_at = now
@@ -124,12 +127,30 @@ class CompletionSession:
             self.metrics.prompt_tokens.inc(len(self.requests[index].prompt_token_ids))
             self.metrics.generation_tokens.inc(processor.num_output_tokens)
             self.metrics.finished(update.finish_reason)
-            self._spawn(self._observe_queue_time(self.requests[index]))
+            timing.finish_wall = time.time()
+            self._observe_request(self.requests[index], processor, timing)
+            self._spawn(self._observe_engine_times(self.requests[index], timing))
 
-    async def _observe_queue_time(self, request: GenerateRequest) -> None:
+    def _observe_request(
+        self, request: GenerateRequest, processor: ChoiceProcessor, timing: ChoiceTiming
+    ) -> None:
+        metrics = self.metrics
+        metrics.request_prompt_tokens.observe(len(request.prompt_token_ids))
+        metrics.request_generation_tokens.observe(processor.num_output_tokens)
+        metrics.request_params_n.observe(self.n)
+        metrics.request_params_max_tokens.observe(request.sampling.max_tokens)
+        if timing.first_token_wall > 0:
+            metrics.decode_time.observe(max(0.0, timing.finish_wall - timing.first_token_wall))
+
+    async def _observe_engine_times(self, request: GenerateRequest, timing: ChoiceTiming) -> None:
+        """Queue, prefill and inference times start when the engine first scheduled it."""
         scheduled_at = await self.client.scheduled_at(request.request_id)
-        if scheduled_at > 0:
-            self.metrics.queue_time.observe(max(0.0, scheduled_at - request.arrival_time))
+        if scheduled_at <= 0:
+            return
+        self.metrics.queue_time.observe(max(0.0, scheduled_at - request.arrival_time))
+        first_token = timing.first_token_wall or timing.finish_wall  # max_tokens 0: none
+        self.metrics.prefill_time.observe(max(0.0, first_token - scheduled_at))
+        self.metrics.inference_time.observe(max(0.0, timing.finish_wall - scheduled_at))
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]

@@ -23,9 +23,10 @@ class IncrementalDetokenizer:
     prefix_offset: int = 0
     read_offset: int = 0
     emitted_text: str = ""
+    skip_special_tokens: bool = True  # vLLM's parameter: False shows e.g. <|im_end|>
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def add(self, new_token_ids: list[int]) -> str:
         """Append ids; return the text they complete (possibly empty)."""

@@ -20,6 +20,7 @@ import logging
 import time
 
 import redis.asyncio as aioredis
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
 from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
@@ -78,6 +79,9 @@ class EngineClient:
             timeout=REDIS_POOL_WAIT_S,
             socket_connect_timeout=2,
             socket_timeout=5,
+            # After a Redis restart every pooled connection is stale: retry a call once on a
+            # fresh connection instead of failing a request with `redis_unavailable`.
+            retry_on_error=[RedisConnectionError],
         )
         self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
@@ -202,6 +206,11 @@ class EngineClient:
                 pipe.hgetall(self.keys.engine(engine_id))
             records = await pipe.execute()
         return [from_fields(EngineStatus, r) for r in records if r]
+
+    async def process_restarts(self) -> dict[str, int]:
+        """How often `pagedserve serve` restarted each of its processes (raises RedisError)."""
+        counts = await self.redis.hgetall(self.keys.process_restarts)
+        return {name.decode(): int(value) for name, value in counts.items()}
 
     @staticmethod
     def is_live(status: EngineStatus, now: float | None = None) -> bool:

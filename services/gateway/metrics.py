@@ -9,11 +9,18 @@ live in one process (tests) without clashing.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
+from shared.iteration_histogram import ITERATION_TOKEN_BUCKETS, decode_cumulative
 from shared.status import EngineStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -21,6 +28,18 @@ LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0
                    2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0)  # fmt: skip
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0)  # fmt: skip
+N_BUCKETS = (1, 2, 5, 10, 20)
+
+
+def buckets_1_2_5(limit: int) -> tuple[int, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `limit` (vLLM's token-count buckets)."""
+    bounds, scale = [], 1
+    while True:
+        for step in (1, 2, 5):
+            if step * scale > limit:
+                return tuple(bounds)
+            bounds.append(step * scale)
+        scale *= 10
 
 
 class EngineStatusCollector(Collector):
@@ -58,15 +77,65 @@ class EngineStatusCollector(Collector):
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric(values, value)
             yield counter
+        yield self._iteration_tokens(labels, values)
+        yield self._cache_config_info()
+
+    def _iteration_tokens(self, labels: list[str], values: list[str]) -> Metric:
+        """Tokens per engine step, summed over the live engines' histograms."""
+        cumulative = [0] * len(ITERATION_TOKEN_BUCKETS)
+        count = total = 0
+        for status in self.statuses:
+            decoded = decode_cumulative(status.iteration_tokens)
+            if decoded is None:
+                continue
+            cumulative = [a + b for a, b in zip(cumulative, decoded[0], strict=True)]
+            count, total = count + decoded[1], total + decoded[2]
+        buckets = [
+            (str(float(b)), c) for b, c in zip(ITERATION_TOKEN_BUCKETS, cumulative, strict=True)
+        ]
+        family = HistogramMetricFamily(
+            "vllm:iteration_tokens_total", "Tokens per engine step", labels=labels
+        )
+        family.add_metric(values, [*buckets, ("+Inf", count)], sum_value=total)
+        return family
+
+    def _cache_config_info(self) -> Metric:
+        """vLLM's info gauge: the KV cache's shape, one sample per live engine."""
+        labels = ["model_name", "engine", "block_size", "num_gpu_blocks"]
+        gauge = GaugeMetricFamily("vllm:cache_config_info", "KV cache configuration",
+                                  labels=labels)  # fmt: skip
+        for s in self.statuses:
+            values = [self.model_name, s.engine_id, str(s.block_size), str(s.num_total_blocks)]
+            gauge.add_metric(values, 1.0)
+        return gauge
+
+
+class ProcessRestartCollector(Collector):
+    """`pagedserve serve`'s restarts of its processes, from Redis just before a scrape."""
+
+    def __init__(self) -> None:
+        self.counts: dict[str, int] = {}
+
+    def collect(self) -> Iterator[Metric]:
+        counter = CounterMetricFamily(
+            "pagedserve:process_restarts",
+            "Processes restarted by `pagedserve serve` after they died",
+            labels=["process"],
+        )
+        for name, count in sorted(self.counts.items()):
+            counter.add_metric([name], count)
+        yield counter
 
 
 class GatewayMetrics:
     """Every metric the gateway exposes; `render()` is the /metrics body."""
 
-    def __init__(self, model_name: str) -> None:
+    def __init__(self, model_name: str, max_model_len: int = 8192) -> None:
         self.registry = CollectorRegistry()
         self.engines = EngineStatusCollector(model_name)
         self.registry.register(self.engines)
+        self.restarts = ProcessRestartCollector()
+        self.registry.register(self.restarts)
         labels = ["model_name"]
         hist = dict(labelnames=labels, registry=self.registry)
         self.ttft = Histogram(
@@ -100,10 +169,42 @@ class GatewayMetrics:
             registry=self.registry,
         )
         self.model_name = model_name
+        self._add_request_histograms(hist, max_model_len)
+
+    def _add_request_histograms(self, hist: dict, max_model_len: int) -> None:
+        """vLLM's per-request histograms: sizes, parameters and where the time went."""
+        tokens = buckets_1_2_5(max_model_len)
+
+        def histogram(name: str, doc: str, buckets: tuple) -> Any:
+            return Histogram(name, doc, buckets=buckets, **hist).labels(self.model_name)
+
+        self.request_prompt_tokens = histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens per request", tokens
+        )
+        self.request_generation_tokens = histogram(
+            "vllm:request_generation_tokens", "Generated tokens per request", tokens
+        )
+        self.request_params_n = histogram("vllm:request_params_n", "The n parameter", N_BUCKETS)
+        self.request_params_max_tokens = histogram(
+            "vllm:request_params_max_tokens", "The max_tokens parameter", tokens
+        )
+        self.prefill_time = histogram(
+            "vllm:request_prefill_time_seconds", "First scheduled to first token", LATENCY_BUCKETS
+        )
+        self.decode_time = histogram(
+            "vllm:request_decode_time_seconds", "First token to last token", LATENCY_BUCKETS
+        )
+        self.inference_time = histogram(
+            "vllm:request_inference_time_seconds", "First scheduled to last token",
+            LATENCY_BUCKETS,
+        )  # fmt: skip
 
     def finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()
 
-    def render(self, live_engines: list[EngineStatus]) -> bytes:
+    def render(
+        self, live_engines: list[EngineStatus], process_restarts: dict[str, int] | None = None
+    ) -> bytes:
         self.engines.statuses = live_engines
+        self.restarts.counts = process_restarts or {}
         return generate_latest(self.registry)

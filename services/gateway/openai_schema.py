@@ -4,16 +4,24 @@ the bound it broke (like TGI's "`top_p` must be > 0.0 and <= 1.0").
 Only shape and range are checked here; what needs the tokenizer (prompt length against
 max_model_len, token ids against the vocabulary) is checked in `request_builder`.
 Unknown fields are ignored, as OpenAI's SDKs send extras; fields we cannot honour
-(`echo`, `suffix`, `logit_bias`, `tools`, ...) are refused rather than silently dropped.
+(`suffix`, `tools`, ...) are refused rather than silently dropped.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.errors import bad_request
+from services.gateway.vllm_options import (
+    OutputOptions,
+    read_chat_template_kwargs,
+    read_continue_final_message,
+    read_logit_bias,
+    read_output_options,
+)
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
@@ -22,17 +30,19 @@ MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
 MAX_LOGPROBS = 20  # top alternatives per token (the engine's bound)
 MAX_MESSAGES = 1024
-SEED_LIMIT = 2**63  # seeds live in [0, 2**63); choice i uses (seed + i) % SEED_LIMIT
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
+SEED_LIMIT = 2**64  # choice i uses (seed + i) % SEED_LIMIT: every int64 maps to its own seed
+COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
 PRIORITY_LIMIT = 2**31
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
-UNSUPPORTED = ("echo", "suffix", "logit_bias", "tools", "functions", "response_format")
+UNSUPPORTED = ("suffix", "tools", "functions")
 
 
 @dataclass(frozen=True)
 class SamplingOptions:
     """The sampling fields shared by completions and chat, validated."""
 
-    max_tokens: int | None  # None: up to the model length
+    max_tokens: int | None  # None: up to the model length; 0: prompt only (after the prefill)
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = -1
@@ -48,6 +58,8 @@ class SamplingOptions:
     logprobs: int | None = None  # None: none; k: the sampled token's plus top k
     n: int = 1
     priority: int = 0
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    prompt_logprobs: int | None = None  # what the engine computes (echo + logprobs asks too)
 
 
 @dataclass(frozen=True)
@@ -57,6 +69,7 @@ class CompletionRequest:
     sampling: SamplingOptions
     stream: bool = False
     include_usage: bool = False
+    output: OutputOptions = field(default_factory=OutputOptions)
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,9 @@ class ChatRequest:
     include_usage: bool = False
     add_generation_prompt: bool = True
     max_tokens_param: str = "max_tokens"  # which name the client used, for error messages
+    output: OutputOptions = field(default_factory=OutputOptions)
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -189,12 +205,27 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         raise bad_request("`best_of` is not supported (only best_of == n)", "best_of")
 
 
+def _read_response_format(body: dict[str, Any]) -> None:
+    """`{"type": "text"}` is the default every client may send: a no-op."""
+    value = body.get("response_format")
+    if value is None or (isinstance(value, dict) and value.get("type") == "text"):
+        return
+    raise bad_request(
+        '`response_format` is not supported by this server (only {"type": "text"})',
+        "response_format",
+    )
+
+
 def read_sampling(
-    body: dict[str, Any], max_tokens_name: str, logprobs: int | None
+    body: dict[str, Any],
+    max_tokens_name: str,
+    logprobs: int | None,
+    default_max_tokens: int | None = None,
 ) -> SamplingOptions:
     """The sampling fields common to both endpoints."""
     _refuse_unsupported(body)
-    max_tokens = read_int(body, max_tokens_name, None, 1, 2**31 - 1)
+    _read_response_format(body)
+    max_tokens = read_int(body, max_tokens_name, default_max_tokens, 0, 2**31 - 1)
     temperature = read_float(body, "temperature", 1.0, 0.0, 2.0)
     top_k = read_int(body, "top_k", -1, -1, 2**31 - 1)
     min_tokens = read_int(body, "min_tokens", 0, 0, 2**31 - 1)
@@ -212,7 +243,7 @@ def read_sampling(
         presence_penalty=read_float(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=read_float(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=read_float(body, "repetition_penalty", 1.0, 0.0, 2.0, low_open=True),
-        seed=read_int(body, "seed", None, 0, SEED_LIMIT - 1),
+        seed=read_int(body, "seed", None, SEED_MIN, SEED_MAX),
         stop=read_stop(body),
         stop_token_ids=read_stop_token_ids(body),
         ignore_eos=read_bool(body, "ignore_eos", False),
@@ -220,7 +251,19 @@ def read_sampling(
         logprobs=logprobs,
         n=read_int(body, "n", 1, 1, MAX_N),
         priority=read_int(body, "priority", 0, -PRIORITY_LIMIT, PRIORITY_LIMIT - 1),
+        logit_bias=read_logit_bias(body),
     )
+
+
+def with_prompt_logprobs(sampling: SamplingOptions, output: OutputOptions) -> SamplingOptions:
+    """The engine computes prompt logprobs for `prompt_logprobs`, and for `echo` with
+    `logprobs` (the echoed prompt tokens carry theirs, as in vLLM)."""
+    wanted = [k for k in (output.prompt_logprobs,) if k is not None]
+    if output.echo and sampling.logprobs is not None:
+        wanted.append(sampling.logprobs)
+    if not wanted:
+        return sampling
+    return dataclasses.replace(sampling, prompt_logprobs=max(wanted))
 
 
 def _read_model(body: dict[str, Any]) -> str | None:
@@ -276,12 +319,15 @@ def parse_completion_request(body: Any) -> CompletionRequest:
         raise bad_request("the request body must be a JSON object")
     logprobs = read_int(body, "logprobs", None, 0, MAX_LOGPROBS)
     stream, include_usage = _read_stream(body)
+    output = read_output_options(body, stream)
+    sampling = read_sampling(body, "max_tokens", logprobs, COMPLETION_DEFAULT_MAX_TOKENS)
     return CompletionRequest(
         model=_read_model(body),
         prompts=_read_prompts(body),
-        sampling=read_sampling(body, "max_tokens", logprobs),
+        sampling=with_prompt_logprobs(sampling, output),
         stream=stream,
         include_usage=include_usage,
+        output=output,
     )
 
 
@@ -340,12 +386,20 @@ def parse_chat_request(body: Any) -> ChatRequest:
         "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
     )
     stream, include_usage = _read_stream(body)
+    output = read_output_options(body, stream)
+    add_generation_prompt = read_bool(body, "add_generation_prompt", True)
     return ChatRequest(
         model=_read_model(body),
         messages=_read_messages(body),
-        sampling=read_sampling(body, name, logprobs),
+        # chat's echo repeats a message's text, never prompt tokens' logprobs
+        sampling=with_prompt_logprobs(
+            read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False)
+        ),
         stream=stream,
         include_usage=include_usage,
-        add_generation_prompt=read_bool(body, "add_generation_prompt", True),
+        add_generation_prompt=add_generation_prompt,
         max_tokens_param=name,
+        output=output,
+        continue_final_message=read_continue_final_message(body, add_generation_prompt),
+        chat_template_kwargs=read_chat_template_kwargs(body),
     )

@@ -20,7 +20,8 @@ from services.gateway.openai_schema import (
     MAX_STOP_STRINGS,
     MAX_STOP_TOKEN_IDS,
     PRIORITY_LIMIT,
-    SEED_LIMIT,
+    SEED_MAX,
+    SEED_MIN,
 )
 
 INT32_MAX = 2**31 - 1
@@ -39,7 +40,7 @@ _STOP = {
 }
 _SAMPLING: dict[str, Any] = {
     "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 1, "maximum": INT32_MAX, "nullable": True},
+    "max_tokens": {"type": "integer", "minimum": 0, "maximum": INT32_MAX, "nullable": True},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
     "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
     "top_k": {"type": "integer", "minimum": -1, "maximum": INT32_MAX},
@@ -52,7 +53,7 @@ _SAMPLING: dict[str, Any] = {
         "exclusiveMinimum": True,
         "maximum": 2,
     },
-    "seed": {"type": "integer", "minimum": 0, "maximum": SEED_LIMIT - 1, "nullable": True},
+    "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX, "nullable": True},
     "stop": _STOP,
     "stop_token_ids": {
         "type": "array",
@@ -121,7 +122,7 @@ _CHAT_REQUEST = {
         "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": _MESSAGE},
         "max_completion_tokens": {
             "type": "integer",
-            "minimum": 1,
+            "minimum": 0,
             "maximum": INT32_MAX,
             "nullable": True,
         },

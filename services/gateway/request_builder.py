@@ -8,11 +8,14 @@ import time
 from dataclasses import dataclass
 
 from services.gateway.errors import bad_request
-from services.gateway.openai_schema import ChatRequest, CompletionRequest, SamplingOptions
+from services.gateway.openai_schema import (
+    SEED_LIMIT,
+    ChatRequest,
+    CompletionRequest,
+    SamplingOptions,
+)
 from services.gateway.tokenizer import TokenizerInfo
 from shared.protocol import GenerateRequest, SamplingParams
-
-SEED_LIMIT = 2**63
 
 
 @dataclass(frozen=True)
@@ -22,11 +25,20 @@ class PromptInput:
     token_ids: list[int]
 
 
+def truncate_prompt(token_ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
+    """vLLM's `truncate_prompt_tokens`: keep the last `keep` tokens (-1: the model's limit)."""
+    if keep is None:
+        return token_ids
+    keep = max_model_len if keep == -1 else keep
+    return token_ids[-keep:]
+
+
 def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list[PromptInput]:
     prompts = []
     for index, prompt in enumerate(request.prompts):
         if isinstance(prompt, str):
-            token_ids = info.tokenizer.encode(prompt)
+            add_special = request.output.add_special_tokens
+            token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special is not False)
         else:
             bad = next((t for t in prompt if not 0 <= t < info.vocab_size), None)
             if bad is not None:
@@ -37,7 +49,8 @@ def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list
             token_ids = list(prompt)
         if not token_ids:
             raise bad_request(f"prompt {index} tokenizes to no tokens", "prompt")
-        prompts.append(PromptInput(token_ids=token_ids))
+        keep = request.output.truncate_prompt_tokens
+        prompts.append(PromptInput(token_ids=truncate_prompt(token_ids, keep, info.max_model_len)))
     return prompts
 
 
@@ -46,13 +59,21 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         raise bad_request("this model has no chat template: use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.content} for m in request.messages]
     try:
-        text = info.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=request.add_generation_prompt, tokenize=False
-        )
+        template_kwargs = {
+            "add_generation_prompt": request.add_generation_prompt,
+            "continue_final_message": request.continue_final_message,
+            **request.chat_template_kwargs,  # the client's win, as in vLLM
+        }
+        text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     # The template writes the special tokens itself; adding them again would double the BOS.
-    return [PromptInput(token_ids=info.tokenizer.encode(text, add_special_tokens=False))]
+    # (unless the client asks, as vLLM's `add_special_tokens` lets it)
+    token_ids = info.tokenizer.encode(
+        text, add_special_tokens=bool(request.output.add_special_tokens)
+    )
+    keep = request.output.truncate_prompt_tokens
+    return [PromptInput(token_ids=truncate_prompt(token_ids, keep, info.max_model_len))]
 
 
 def check_lengths(
@@ -62,20 +83,23 @@ def check_lengths(
     param: str,
     prompt_param: str = "prompt",
 ) -> None:
-    """A 400 saying both numbers when a prompt cannot fit with its max_tokens."""
+    """A 400 in vLLM's words (clients parse "maximum context length is (\\d+) tokens") when a
+    prompt cannot fit with its max_tokens."""
     for prompt in prompts:
         num_prompt = len(prompt.token_ids)
         if num_prompt >= max_model_len:
             raise bad_request(
-                f"the prompt has {num_prompt} tokens, which leaves no room in this model's "
-                f"maximum context length of {max_model_len} tokens",
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {num_prompt} tokens in the messages (the prompt), which leaves no "
+                "room for the completion. Please reduce the length of the messages.",
                 prompt_param,
             )
         if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
             raise bad_request(
-                f"this model's maximum context length is {max_model_len} tokens, but "
-                f"{num_prompt} prompt tokens + {options.max_tokens} for `{param}` = "
-                f"{num_prompt + options.max_tokens} were requested",
+                f"This model's maximum context length is {max_model_len} tokens. However, you "
+                f"requested {num_prompt + options.max_tokens} tokens ({num_prompt} in the "
+                f"messages, {options.max_tokens} in the completion). Please reduce the length "
+                f"of the messages or completion (`{param}`).",
                 param,
             )
 
@@ -101,7 +125,15 @@ def sampling_params(
                 f"`stop_token_ids` holds {token_id}, outside [0, {info.vocab_size})",
                 "stop_token_ids",
             )
-    max_tokens = options.max_tokens or info.max_model_len - num_prompt_tokens
+    for token_id, _ in options.logit_bias:
+        if token_id >= info.vocab_size:
+            raise bad_request(
+                f"`logit_bias` names token {token_id}, outside [0, {info.vocab_size})",
+                "logit_bias",
+            )
+    max_tokens = options.max_tokens
+    if max_tokens is None:
+        max_tokens = info.max_model_len - num_prompt_tokens
     seed = choice_seed(options, choice)
     return SamplingParams(
         temperature=options.temperature,
@@ -118,6 +150,8 @@ def sampling_params(
         eos_token_ids=info.eos_token_ids,
         ignore_eos=options.ignore_eos,
         logprobs=options.logprobs,
+        prompt_logprobs=options.prompt_logprobs,
+        logit_bias=options.logit_bias,
     )
 
 

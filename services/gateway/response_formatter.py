@@ -1,13 +1,21 @@
 """OpenAI response bodies and stream chunks, for `/v1/completions` ("completion") and
-`/v1/chat/completions` ("chat")."""
+`/v1/chat/completions` ("chat"), with vLLM's extras when asked for: echo, prompt logprobs,
+token ids, usage in every chunk."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
 from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from services.gateway.prompt_logprobs import (
+    echo_completion_logprobs,
+    prepend_echo,
+    vllm_prompt_logprobs,
+)
+from services.gateway.tokenizer import TokenizerInfo
+from services.gateway.vllm_options import OutputOptions
 
 
 @dataclass(frozen=True)
@@ -26,12 +34,26 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class PromptView:
+    """What the formatter shows of one prompt: its token ids and, for echo, its text."""
+
+    token_ids: list[int]
+    echo_text: str = ""
+
+
+@dataclass(frozen=True)
 class ResponseFormatter:
     kind: str  # "completion" | "chat"
     response_id: str
     model: str
     created: int
     want_logprobs: bool
+    info: TokenizerInfo | None = None  # needed for echo and prompt logprobs
+    output: OutputOptions = field(default_factory=OutputOptions)
+    prompts: list[PromptView] = field(default_factory=list)
+    n: int = 1  # choices per prompt
+    logprobs_k: int = 0
+    _started: set[int] = field(default_factory=set)  # choices whose first chunk went out
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -42,33 +64,74 @@ class ResponseFormatter:
             "choices": choices,
         }
 
-    def _logprobs(self, update_logprobs: list) -> dict[str, Any] | None:
+    def _prompt(self, index: int) -> PromptView:
+        return self.prompts[index // self.n] if self.prompts else PromptView([])
+
+    def _logprobs(
+        self, entries: list, index: int, processor: ChoiceProcessor | None, with_echo: bool
+    ) -> dict[str, Any] | None:
         if not self.want_logprobs:
             return None
         if self.kind == "chat":
-            return chat_logprobs(update_logprobs)
-        return completion_logprobs(update_logprobs)
+            return chat_logprobs(entries)
+        generated = completion_logprobs(entries)
+        if not (with_echo and self.output.echo and self.info is not None):
+            return generated
+        prompt = self._prompt(index)
+        prompt_logprobs = processor.prompt_logprobs if processor else None
+        echo = echo_completion_logprobs(self.info, prompt.token_ids, prompt_logprobs,
+                                        self.logprobs_k)  # fmt: skip
+        return prepend_echo(echo, generated)
+
+    def _echo_text(self, index: int) -> str:
+        return self._prompt(index).echo_text if self.output.echo else ""
 
     def role_chunk(self, index: int) -> dict[str, Any]:
-        """Chat streams open each choice with the assistant role."""
+        """Chat streams open each choice with the assistant role (and echo, if asked)."""
         choice = {
             "index": index,
-            "delta": {"role": "assistant", "content": ""},
+            "delta": {"role": "assistant", "content": self._echo_text(index)},
             "logprobs": None,
             "finish_reason": None,
         }
         return self._envelope("chat.completion.chunk", [choice])
 
-    def chunk(self, index: int, update: ChoiceUpdate) -> dict[str, Any]:
-        logprobs = self._logprobs(update.logprobs)
+    def chunk(
+        self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor | None = None
+    ) -> dict[str, Any]:
+        first = index not in self._started
+        self._started.add(index)
+        logprobs = self._logprobs(update.logprobs, index, processor, first)
         if self.kind == "chat":
             delta = {"content": update.text} if update.text else {}
             choice = {"index": index, "delta": delta}
             choice.update(logprobs=logprobs, finish_reason=update.finish_reason)
-            return self._envelope("chat.completion.chunk", [choice])
-        choice = {"index": index, "text": update.text, "logprobs": logprobs}
-        choice["finish_reason"] = update.finish_reason
-        return self._envelope("text_completion", [choice])
+            body = self._envelope("chat.completion.chunk", [choice])
+        else:
+            text = (self._echo_text(index) if first else "") + update.text
+            choice = {"index": index, "text": text, "logprobs": logprobs}
+            choice["finish_reason"] = update.finish_reason
+            body = self._envelope("text_completion", [choice])
+        self._add_stream_extras(body, choice, index, update, processor, first)
+        return body
+
+    def _add_stream_extras(
+        self,
+        body: dict[str, Any],
+        choice: dict[str, Any],
+        index: int,
+        update: ChoiceUpdate,
+        processor: ChoiceProcessor | None,
+        first: bool,
+    ) -> None:
+        if self.output.return_token_ids:
+            choice["token_ids"] = update.token_ids
+            if first:
+                holder = body if self.kind == "chat" else choice
+                holder["prompt_token_ids"] = self._prompt(index).token_ids
+        if self.output.continuous_usage_stats and processor is not None:
+            num_prompt = len(self._prompt(index).token_ids)
+            body["usage"] = Usage(num_prompt, processor.num_output_tokens, 0).body()
 
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
@@ -76,23 +139,44 @@ class ResponseFormatter:
         body["usage"] = usage.body()
         return body
 
+    def _prompt_logprobs(self, index: int, processor: ChoiceProcessor) -> list | None:
+        assert self.info is not None and self.output.prompt_logprobs is not None
+        prompt_ids = self._prompt(index).token_ids
+        k = self.output.prompt_logprobs
+        return vllm_prompt_logprobs(self.info, prompt_ids, processor.prompt_logprobs, k)
+
+    def _full_choice(self, index: int, processor: ChoiceProcessor, entries: list) -> dict:
+        text = self._echo_text(index) + processor.text
+        if self.kind == "chat":
+            choice: dict[str, Any] = {
+                "index": index,
+                "message": {"role": "assistant", "content": text},
+            }
+        else:
+            choice = {"index": index, "text": text}
+            if self.output.prompt_logprobs is not None:
+                choice["prompt_logprobs"] = self._prompt_logprobs(index, processor)
+            if self.output.return_token_ids:
+                choice["prompt_token_ids"] = self._prompt(index).token_ids
+        choice["logprobs"] = self._logprobs(entries, index, processor, True)
+        choice["finish_reason"] = processor.finish_reason
+        if self.output.return_token_ids:
+            choice["token_ids"] = processor.token_ids
+        return choice
+
     def full(
         self, processors: list[ChoiceProcessor], logprobs: list[list], usage: Usage
     ) -> dict[str, Any]:
-        choices = []
-        for index, processor in enumerate(processors):
-            if self.kind == "chat":
-                choice: dict[str, Any] = {
-                    "index": index,
-                    "message": {"role": "assistant", "content": processor.text},
-                }
-            else:
-                choice = {"index": index, "text": processor.text}
-            choice["logprobs"] = self._logprobs(logprobs[index])
-            choice["finish_reason"] = processor.finish_reason
-            choices.append(choice)
+        choices = [
+            self._full_choice(index, processor, logprobs[index])
+            for index, processor in enumerate(processors)
+        ]
         body = self._envelope(
             "chat.completion" if self.kind == "chat" else "text_completion", choices
         )
+        if self.kind == "chat" and self.output.prompt_logprobs is not None:
+            body["prompt_logprobs"] = self._prompt_logprobs(0, processors[0])
+        if self.kind == "chat" and self.output.return_token_ids:
+            body["prompt_token_ids"] = self._prompt(0).token_ids
         body["usage"] = usage.body()
         return body

@@ -16,6 +16,7 @@ class StopChecker:
     stop: tuple[str, ...]
     pending: str = ""  # text held back: a prefix of some stop string
     matched: str | None = field(default=None)  # the stop string that ended the text
+    include_stop: bool = False  # vLLM's include_stop_str_in_output: show the stop string too
 
     def add(self, text: str) -> str:
         """Feed new text; return what may be shown now. After a match, `matched` is set and
@@ -30,7 +31,7 @@ class StopChecker:
             index, stop = hit
             self.matched = stop
             self.pending = ""
-            return buffer[:index]
+            return buffer[: index + len(stop)] if self.include_stop else buffer[:index]
         keep = self._longest_partial_tail(buffer)
         self.pending = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 import zmq
 
@@ -19,7 +18,7 @@ HEARTBEAT_INTERVAL_S = 1.0
 
 
 class HeartbeatSender:
-    """Sends `Heartbeat("worker:<rank>", now, last_step_id)` every `interval_s` until stopped."""
+    """Sends `Heartbeat.from_worker(rank, last_step_id)` every `interval_s` until stopped."""
 
     def __init__(
         self,
@@ -28,7 +27,7 @@ class HeartbeatSender:
         rank: int,
         interval_s: float = HEARTBEAT_INTERVAL_S,
     ) -> None:
-        self.sender = f"worker:{rank}"
+        self.rank = rank
         self.interval_s = interval_s
         self.last_step_id = -1  # written by the main thread; a stale read is harmless
         self._context = context
@@ -47,7 +46,7 @@ class HeartbeatSender:
         pusher = ResultPusher(self._context, self._address)
         try:
             while not self._stop.is_set():
-                pusher.send(Heartbeat(self.sender, time.time(), self.last_step_id))
+                pusher.send(Heartbeat.from_worker(self.rank, self.last_step_id))
                 self._stop.wait(self.interval_s)
         except zmq.ZMQError as exc:  # the context was terminated under us: shutting down
             logger.debug("heartbeat thread stops: %s", exc)

@@ -28,18 +28,41 @@ from services.gpu_worker.kv_cache import (
 )
 from services.gpu_worker.model_loader import load_model
 from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
+from services.gpu_worker.prompt_logprobs import (
+    PromptSlice,
+    collect_prompt_logprobs,
+    prompt_slice,
+)
 from services.gpu_worker.sampler import SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
-from shared.config import CacheConfig, default_block_size, default_max_num_batched_tokens
-from shared.protocol import StepPlan, StepResult
+from services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
+from shared.config import (
+    CacheConfig,
+    SchedulerConfig,
+    default_block_size,
+    default_max_num_batched_tokens,
+)
+from shared.protocol import PromptLogprobs, StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no native bf16 matmul
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                             "AVX512_CORE_VNNI")  # fmt: skip
+
+
 def cpu_supports_bf16() -> bool:
+    """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
+    (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) is capped below AVX-512, as they
+    are to run as an AVX2-only machine would (where bf16 is emulated and slower than fp32)."""
     try:
         flags = Path("/proc/cpuinfo").read_text()
     except OSError:
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ONEDNN_ISAS_WITHOUT_BF16:
+        return False
+    if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
@@ -92,6 +115,7 @@ class _StepInputs:
     positions: torch.Tensor  # [T]
     sampled: list[SequenceState]
     sample_index: torch.Tensor  # [S] rows of the hidden states to sample from
+    prompt_slices: list[PromptSlice]  # rows that predict prompt tokens (prompt_logprobs)
 
 
 class ModelRunner:
@@ -108,6 +132,7 @@ class ModelRunner:
         attention_backend: str = "auto",
         max_num_batched_tokens: int | None = None,
         show_progress: bool = True,
+        max_num_seqs: int | None = None,
     ) -> None:
         cache_config = cache_config or CacheConfig()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -119,6 +144,7 @@ class ModelRunner:
         self.rank, self.world_size = get_tp_rank(), get_tp_world_size()
         self.model_dir = ensure_model(model)  # converts the default model on first use
         backend_cls = get_attention_backend_cls(attention_backend, self.device)
+        self.attention_backend = backend_cls.name
         self.model = load_model(
             self.model_dir, backend_cls, self.dtype, self.device, show_progress and self.rank == 0
         )
@@ -131,6 +157,8 @@ class ModelRunner:
         self.max_num_batched_tokens = max_num_batched_tokens or default_max_num_batched_tokens(
             self.device.type
         )
+        # the sampler rows of the worst step the memory profile runs
+        self.max_num_seqs = max_num_seqs or SchedulerConfig().max_num_seqs
         self.num_blocks = self._decide_num_blocks(cache_config, self.max_num_batched_tokens)
         self.kv_caches = allocate_kv_caches(
             len(self.model.layers),
@@ -142,6 +170,15 @@ class ModelRunner:
             self.device,
         )
         self.seqs: dict[str, SequenceState] = {}
+        if self.device.type == "cuda":  # compile every kernel variant before saying ready
+            warm_up(self.kv_caches, self.triton_attention_shape(), self.vocab_size, self.device)
+
+    def triton_attention_shape(self) -> AttentionShape | None:
+        """This rank's attention geometry when the Triton kernels serve it, else None."""
+        if self.attention_backend != "triton":
+            return None
+        attn = self.model.layers[0].self_attn
+        return AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, self.block_size)
 
     # ------------------------------------------------------------------ KV cache sizing
 
@@ -164,7 +201,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _profile_cuda_num_blocks(self, cache_config: CacheConfig, num_tokens: int) -> int:
-        """Run the largest step on a throwaway cache; what the peak leaves under the
+        """Run the worst step (`warmup.run_worst_step`: a prefill of the token budget and the
+        sampler at max_num_seqs rows) on a throwaway cache; what the peak leaves under the
         utilisation cap becomes KV cache."""
         num_tokens = min(num_tokens, self.max_model_len)
         num_blocks = -(-num_tokens // self.block_size)
@@ -179,23 +217,28 @@ class ModelRunner:
         )
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(self.device)
-        metadata = build_attention_metadata(
-            [num_tokens], [num_tokens], [list(range(num_blocks))], self.block_size, self.device
+        run_worst_step(
+            self.model,
+            self.kv_caches,
+            num_tokens,
+            self.max_num_seqs,
+            self.block_size,
+            self.device,
         )
-        ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        positions = torch.arange(num_tokens, device=self.device)
-        hidden = self.model(ids, positions, self.kv_caches, metadata)
-        self.model.compute_logits(hidden[-1:])
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
         throwaway = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
-        del self.kv_caches, hidden
+        del self.kv_caches
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
         budget = int(total * cache_config.gpu_memory_utilization) - (peak - throwaway)
         return num_blocks_for_bytes(budget, self._block_bytes())
 
     # ------------------------------------------------------------------ steps
+
+    def drop_all(self) -> None:
+        """Forget every sequence: the scheduler starts a new epoch from empty state."""
+        self.seqs.clear()
 
     def _apply_plan(self, plan: StepPlan) -> list[SequenceState]:
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
@@ -220,7 +263,14 @@ class ModelRunner:
         positions: list[int] = []
         sampled: list[SequenceState] = []
         sample_rows: list[int] = []
+        prompt_slices: list[PromptSlice] = []
         for state in scheduled:
+            piece = prompt_slice(
+                state.prompt_logprobs, state.token_ids, state.num_computed_tokens,
+                state.num_scheduled_tokens, len(token_ids),
+            )  # fmt: skip
+            if piece is not None:
+                prompt_slices.append(piece)
             token_ids.extend(state.scheduled_token_ids())
             positions.extend(range(state.num_computed_tokens, state.seq_len_after_step))
             if state.is_sampled:
@@ -238,6 +288,7 @@ class ModelRunner:
             positions=torch.tensor(positions, dtype=torch.long, device=self.device),
             sampled=sampled,
             sample_index=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
+            prompt_slices=prompt_slices,
         )
         return inputs, metadata
 
@@ -250,6 +301,8 @@ class ModelRunner:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
         hidden = self.model(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        if inputs.prompt_slices:  # every rank: computing logits gathers over ranks
+            collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
         if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         logits = self.model.compute_logits(hidden[inputs.sample_index])  # all ranks: gather
@@ -269,4 +322,11 @@ class ModelRunner:
             logprobs=out.logprobs,
             top_logprobs=out.top_logprobs,
             execute_time_s=time.perf_counter() - start,
+            prompt_logprobs=_take_prompt_logprobs(inputs.sampled),
         )
+
+
+def _take_prompt_logprobs(sampled: list[SequenceState]) -> list[PromptLogprobs | None] | None:
+    """Per sampled sequence, its whole prompt's logprobs the first time it samples."""
+    taken = [s.prompt_logprobs.take() if s.prompt_logprobs else None for s in sampled]
+    return taken if any(t is not None for t in taken) else None

@@ -1,10 +1,12 @@
 """Batched token sampling on rank 0.
 
-Order of operations, as vLLM does it: penalties (repetition over prompt + output, presence and
-frequency over output) and the min_tokens mask of EOS/stop tokens apply to the raw logits; then
-greedy rows take the argmax, the others divide by temperature, drop tokens outside top_k /
-top_p / min_p and sample. Reported logprobs are those of the raw model distribution
-(log_softmax of the unprocessed logits), for the sampled token and the top k alternatives.
+Order of operations, as vLLM (v1) does it: logit_bias and the min_tokens mask of EOS/stop
+tokens, then penalties (repetition over prompt + output, presence and frequency over output)
+apply to the raw logits; greedy rows (temperature < 1e-5) take the argmax; the others divide
+by temperature, drop tokens below min_p times the best token's probability, keep the top_k
+best, then the smallest set of those whose mass (renormalized over what top_k kept) reaches
+top_p, and sample. Reported logprobs are those of the raw model distribution (log_softmax of
+the unprocessed logits), for the sampled token and the top k alternatives.
 
 A row is sampled by inverse CDF: one uniform u per row, and the token whose interval of the
 cumulative distribution holds u. Seeded rows draw u from a generator seeded by (seed, number
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from shared.protocol import SamplingParams
+from shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
 MAX_LOGPROBS = 20
@@ -68,6 +70,21 @@ def apply_penalties(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tens
     return logits
 
 
+def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
+    """OpenAI's logit_bias: a per-token value added to the raw logits (before penalties)."""
+    row_ids = [i for i, row in enumerate(rows) for _ in row.params.logit_bias]
+    if not row_ids:
+        return logits
+    token_ids = [t for row in rows for t, _ in row.params.logit_bias]
+    biases = [b for row in rows for _, b in row.params.logit_bias]
+    logits = logits.clone()
+    device = logits.device
+    logits[torch.tensor(row_ids, device=device), torch.tensor(token_ids, device=device)] += (
+        torch.tensor(biases, dtype=logits.dtype, device=device)
+    )
+    return logits
+
+
 def mask_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
     """EOS and stop tokens cannot be sampled before a row has min_tokens outputs."""
     row_ids: list[int] = []
@@ -93,11 +110,18 @@ def _top_k_top_p_drop(
     top_k: torch.Tensor,  # [R, 1]
     top_p: torch.Tensor,  # [R, 1]
 ) -> torch.Tensor:  # [R, C] bool
-    """Which of the sorted candidates top_k and top_p drop; the best one always stays."""
+    """Which of the sorted candidates top_k and then top_p drop; the best one always stays.
+    top_p is measured on what top_k kept, renormalized (vLLM, HF): a row whose top_k lies
+    inside the candidates is normalized by their first k, any other by the whole row (exact
+    when its top_k is disabled; the caller finalizes the rest only after a full sort)."""
     ranks = torch.arange(sorted_logits.shape[1], device=sorted_logits.device).unsqueeze(0)
-    probs = (sorted_logits - log_total).exp()  # their share of the whole row's mass
+    outside_k = ranks >= top_k
+    kept = sorted_logits.masked_fill(outside_k, float("-inf"))
+    inside = top_k <= sorted_logits.shape[1]
+    log_kept = torch.where(inside, kept.logsumexp(dim=-1, keepdim=True), log_total)
+    probs = (kept - log_kept).exp()  # their share of the mass top_k kept
     mass_before = probs.cumsum(dim=-1) - probs  # keeps the token that crosses top_p
-    drop = (ranks >= top_k) | (mass_before > top_p)
+    drop = outside_k | ((mass_before >= top_p) & (top_p < 1.0))
     drop[:, 0] = False
     return drop
 
@@ -112,13 +136,13 @@ def _filtered(
 
 
 def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]) -> torch.Tensor:
-    """`logits` with every token outside each row's top_k and top_p set to -inf.
+    """`logits` with every token outside each row's top_k, then top_p, set to -inf.
 
     Sorting a whole vocabulary per row is slow on CPU (226 ms for 64 rows of 49152), so each
     row's best TOP_CANDIDATES[0] come from `topk` (11 ms) and are filtered there. That is
-    exact for a row whose top_k fits in them or whose candidates already hold more than its
-    top_p of the mass (the nucleus then lies inside them); the other rows try the next size,
-    and what is left after the last gets a full sort."""
+    exact for a row whose top_k fits in them, or whose top_k is off and whose candidates
+    already hold more than its top_p of the mass (the nucleus then lies inside them); the
+    other rows try the next size, and what is left after the last gets a full sort."""
     vocab = logits.shape[1]
     k_column = torch.tensor(top_k, device=logits.device).unsqueeze(1)
     p_column = _column(top_p, logits.device)
@@ -131,8 +155,10 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
             values, order = rows.topk(size, dim=-1)  # sorted, descending
         else:
             values, order = rows.sort(dim=-1, descending=True)
-        drop = _top_k_top_p_drop(values, log_total[pending], k_column[pending], p_column[pending])
-        done = ((k_column[pending] <= size) | drop[:, -1:]).squeeze(1) | (size == vocab)
+        k_pending = k_column[pending]
+        drop = _top_k_top_p_drop(values, log_total[pending], k_pending, p_column[pending])
+        nucleus_inside = (k_pending >= vocab) & drop[:, -1:]  # top_k off, top_p cut before C
+        done = ((k_pending <= size) | nucleus_inside).squeeze(1) | (size == vocab)
         if bool(done.all()) and len(pending) == len(out):
             return _filtered(values, order, drop, vocab)  # every row in one pass: no copy
         out[pending[done]] = _filtered(values[done], order[done], drop[done], vocab)
@@ -142,21 +168,27 @@ def apply_top_k_top_p(logits: torch.Tensor, top_k: list[int], top_p: list[float]
     return out
 
 
+def apply_min_p(logits: torch.Tensor, min_p: list[float]) -> torch.Tensor:
+    """Drop tokens whose probability is below min_p times the best token's."""
+    probs = logits.softmax(dim=-1)
+    threshold = probs.max(dim=-1, keepdim=True).values * _column(min_p, logits.device)
+    return logits.masked_fill(probs < threshold, float("-inf"))
+
+
 def filter_logits(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """Temperature-scaled logits with tokens outside top_k / top_p / min_p set to -inf."""
+    """Temperature-scaled logits with tokens outside min_p, then top_k, then top_p set to
+    -inf (vLLM's order: min_p on the whole distribution, top_p on what top_k kept)."""
     device = logits.device
-    temperature = _column([max(r.params.temperature, 1e-5) for r in rows], device)
+    temperature = _column([max(r.params.temperature, GREEDY_TEMPERATURE) for r in rows], device)
     logits = logits / temperature
+    min_p = [r.params.min_p for r in rows]
+    if any(p > 0 for p in min_p):
+        logits = apply_min_p(logits, min_p)
     vocab = logits.shape[1]
     top_k = [r.params.top_k if 0 < r.params.top_k < vocab else vocab for r in rows]
     top_p = [r.params.top_p for r in rows]
     if any(k < vocab for k in top_k) or any(p < 1.0 for p in top_p):
         logits = apply_top_k_top_p(logits, top_k, top_p)
-    min_p = [r.params.min_p for r in rows]
-    if any(p > 0 for p in min_p):
-        probs = logits.softmax(dim=-1)
-        threshold = probs.max(dim=-1, keepdim=True).values * _column(min_p, device)
-        logits = logits.masked_fill(probs < threshold, float("-inf"))
     return logits
 
 
@@ -167,7 +199,7 @@ def row_uniforms(rows: list[SamplingRow], device: torch.device) -> torch.Tensor:
         if row.params.seed is not None:
             generator = torch.Generator(device=device)
             step = len(row.output_token_ids)
-            generator.manual_seed((row.params.seed * _SEED_STRIDE + step) % (2**63))
+            generator.manual_seed((row.params.seed * _SEED_STRIDE + step) % (2**64))
             uniforms[i] = torch.rand(1, generator=generator, device=device)
     return uniforms
 
@@ -197,6 +229,7 @@ def _needs_penalties(rows: list[SamplingRow]) -> bool:
 def sample(logits: torch.Tensor, rows: list[SamplingRow]) -> SamplerOutput:
     """One token per row of float32 `logits` [B, V]."""
     raw_logits = logits
+    logits = apply_logit_bias(logits, rows)
     if _needs_penalties(rows):
         logits = apply_penalties(logits, rows)
     logits = mask_min_tokens(logits, rows)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from services.gpu_worker.prompt_logprobs import PromptLogprobsCollector
 from shared.protocol import CachedSequence, NewSequence, SamplingParams
 
 
@@ -16,6 +17,7 @@ class SequenceState:
     sampling: SamplingParams
     num_computed_tokens: int = 0
     num_scheduled_tokens: int = 0
+    prompt_logprobs: PromptLogprobsCollector | None = None  # when the request asked for them
 
     @classmethod
     def from_new(cls, seq: NewSequence) -> SequenceState:
@@ -27,6 +29,11 @@ class SequenceState:
             sampling=seq.sampling,
             num_computed_tokens=seq.num_computed_tokens,
             num_scheduled_tokens=seq.num_scheduled_tokens,
+            prompt_logprobs=(
+                None
+                if seq.sampling.prompt_logprobs is None
+                else PromptLogprobsCollector(seq.num_prompt_tokens, seq.sampling.prompt_logprobs)
+            ),
         )
 
     def apply(self, delta: CachedSequence) -> None:

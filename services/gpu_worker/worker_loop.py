@@ -7,7 +7,7 @@ States and transitions (one rank; every rank runs the same loop on the same plan
     attached(E) --no scheduler heartbeat for scheduler_timeout_s--> drop state, unattached
     any --Shutdown--> exit
 
-The scheduler heartbeats as `Heartbeat("scheduler:<epoch>", ...)`. An epoch is one scheduler
+The scheduler heartbeats with its epoch as a field (`Heartbeat.epoch`). An epoch is one scheduler
 incarnation's view of its workers: a restarted scheduler, or one that lost a rank and wants every
 rank to start from empty state, starts a new epoch, and every worker drops its sequences and
 says hello again. Plans that arrive while unattached were meant for ranks that said hello, so
@@ -15,7 +15,9 @@ they are ignored. Saying hello only after a heartbeat has been *received* closes
 slow-joiner gap: the scheduler never publishes a plan that this rank could miss.
 
 Rank 0 pushes a `StepResult` for every plan it executes; an exception in `execute` becomes
-`StepResult(error=...)`, never a silent death.
+`StepResult(error=...)`, never a silent death. Liveness is not latency: the heartbeat thread
+(`heartbeat.py`) keeps saying "alive" while a long step computes, so the scheduler bounds a step
+by its own step timeout, not by the heartbeat timeout.
 """
 
 from __future__ import annotations
@@ -30,12 +32,11 @@ from typing import Protocol
 import zmq
 
 from services.gpu_worker.heartbeat import HeartbeatSender
-from shared.protocol import Heartbeat, Shutdown, StepPlan, StepResult, WorkerHello
+from shared.protocol import ROLE_SCHEDULER, Heartbeat, Shutdown, StepPlan, StepResult, WorkerHello
 from shared.transport import PlanSubscriber, ResultPusher
 
 logger = logging.getLogger(__name__)
 
-SCHEDULER_SENDER_PREFIX = "scheduler:"
 POLL_INTERVAL_S = 0.2
 
 
@@ -45,16 +46,13 @@ class Runner(Protocol):
     num_blocks: int
     block_size: int
     max_model_len: int
-    seqs: dict
+    max_num_batched_tokens: int
+    vocab_size: int
 
     def execute(self, plan: StepPlan) -> StepResult | None: ...
 
-
-def scheduler_epoch(heartbeat: Heartbeat) -> str | None:
-    """The epoch named by a scheduler heartbeat, or None if the sender is not a scheduler."""
-    if not heartbeat.sender.startswith(SCHEDULER_SENDER_PREFIX):
-        return None
-    return heartbeat.sender[len(SCHEDULER_SENDER_PREFIX) :]
+    def drop_all(self) -> None:
+        """Forget every sequence (a new scheduler epoch, or the scheduler lost)."""
 
 
 class WorkerLoop:
@@ -114,9 +112,9 @@ class WorkerLoop:
                 logger.warning("worker %d: ignoring %s", self.rank, type(message).__name__)
 
     def _on_heartbeat(self, heartbeat: Heartbeat, pusher: ResultPusher) -> None:
-        epoch = scheduler_epoch(heartbeat)
-        if epoch is None:
+        if heartbeat.role != ROLE_SCHEDULER:
             return
+        epoch = heartbeat.epoch
         self.last_scheduler_seen = time.monotonic()
         if epoch == self.epoch:
             return
@@ -132,6 +130,7 @@ class WorkerLoop:
                 model=self.model_name,
                 pid=os.getpid(),
                 max_num_batched_tokens=self.runner.max_num_batched_tokens,
+                vocab_size=self.runner.vocab_size,
             )
         )
         logger.info("worker %d: hello to scheduler epoch %s", self.rank, epoch)
@@ -152,8 +151,7 @@ class WorkerLoop:
             self.epoch = None
 
     def _drop_sequences(self) -> None:
-        if self.runner.seqs:
-            self.runner.execute(StepPlan(step_id=-1, finished_seq_ids=list(self.runner.seqs)))
+        self.runner.drop_all()
 
     def _execute(self, plan: StepPlan, pusher: ResultPusher) -> None:
         try:
@@ -163,7 +161,10 @@ class WorkerLoop:
                 "worker %d: step %d failed:\n%s", self.rank, plan.step_id, traceback.format_exc()
             )
             result = StepResult(
-                plan.step_id, [], [], error=f"worker {self.rank}: {type(exc).__name__}: {exc}"
+                step_id=plan.step_id,
+                seq_ids=[],
+                token_ids=[],
+                error=f"worker {self.rank}: {type(exc).__name__}: {exc}",
             )
         if self.rank == 0 and result is not None:
             pusher.send(result)

@@ -12,61 +12,30 @@ import socket
 import sys
 
 from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
-from shared.config import DEFAULT_NAMESPACE, CacheConfig, SchedulerConfig, env_default
+from shared.config import CacheConfig, SchedulerConfig
 from shared.logging import setup_logging
+from shared.options import add_options, use
 from shared.transport import TransportError
 
-
-def _optional_int(text: str) -> int | None:
-    return None if text in ("", "none", "None") else int(text)
-
-
-def _flag(name: str) -> bool:
-    return env_default(name, "").lower() in ("1", "true", "yes")
+SCHEDULER_OPTIONS = (
+    "redis_url", "namespace", "engine_id",
+    use("host", help="address to bind ZeroMQ on"), "plan_port", "result_port",
+    "plan_address", "result_address",
+    "tensor_parallel_size", "max_num_seqs",
+    use("max_num_batched_tokens", help="default: what the workers report (their device's default)"),
+    use("max_model_len", help="default: the smallest the workers report"),
+    "max_waiting", "policy",
+    use("block_size", help="default: what the workers report (their device's default)"),
+    "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout",
+    "worker_recovery_timeout",
+)  # fmt: skip
 
 
 def build_parser() -> argparse.ArgumentParser:
-    e = env_default
     p = argparse.ArgumentParser(prog="python -m services.scheduler", description=__doc__)
-    p.add_argument("--redis-url", default=e("redis_url", "redis://127.0.0.1:6379/0"))
-    p.add_argument("--namespace", default=e("namespace", DEFAULT_NAMESPACE))
-    p.add_argument(
-        "--engine-id", default=e("engine_id", f"engine-{socket.gethostname()}-{os.getpid()}")
-    )
-    p.add_argument("--host", default=e("host", "127.0.0.1"), help="address to bind ZeroMQ on")
-    p.add_argument("--plan-port", type=int, default=int(e("plan_port", "5555")))
-    p.add_argument("--result-port", type=int, default=int(e("result_port", "5556")))
-    p.add_argument("--tensor-parallel-size", type=int, default=int(e("tensor_parallel_size", "1")))
-    p.add_argument("--max-num-seqs", type=int, default=int(e("max_num_seqs", "256")))
-    p.add_argument(
-        "--max-num-batched-tokens",
-        type=_optional_int,
-        default=e("max_num_batched_tokens", ""),
-        help="default: what the workers report (their device's default)",
-    )
-    p.add_argument(
-        "--max-model-len",
-        type=_optional_int,
-        default=e("max_model_len", ""),
-        help="default: the smallest the workers report",
-    )
-    p.add_argument("--max-waiting", type=int, default=int(e("max_waiting", "4096")))
-    p.add_argument("--policy", default=e("policy", "fcfs"), choices=["fcfs", "priority"])
-    p.add_argument(
-        "--block-size",
-        type=_optional_int,
-        default=e("block_size", ""),
-        help="default: what the workers report (their device's default)",
-    )
-    p.add_argument("--no-prefix-caching", action="store_true", default=_flag("no_prefix_caching"))
-    p.add_argument("--worker-timeout", type=float, default=float(e("worker_timeout", "10")))
-    p.add_argument("--drain-timeout", type=float, default=float(e("drain_timeout", "5")))
-    p.add_argument(
-        "--worker-recovery-timeout",
-        type=float,
-        default=float(e("worker_recovery_timeout", "60")),
-        help="seconds without workers after which unfinished requests are failed",
-    )
+    add_options(p, *SCHEDULER_OPTIONS)
+    if p.get_default("engine_id") is None:
+        p.set_defaults(engine_id=f"engine-{socket.gethostname()}-{os.getpid()}")
     return p
 
 
@@ -78,8 +47,8 @@ def main(argv: list[str] | None = None) -> int:
             engine_id=args.engine_id,
             redis_url=args.redis_url,
             namespace=args.namespace,
-            plan_address=f"tcp://{args.host}:{args.plan_port}",
-            result_address=f"tcp://{args.host}:{args.result_port}",
+            plan_address=args.plan_address or f"tcp://{args.host}:{args.plan_port}",
+            result_address=args.result_address or f"tcp://{args.host}:{args.result_port}",
             scheduler_config=SchedulerConfig(
                 max_num_seqs=args.max_num_seqs,
                 max_num_batched_tokens=args.max_num_batched_tokens,
@@ -92,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
             ),
             tensor_parallel_size=args.tensor_parallel_size,
             worker_timeout_s=args.worker_timeout,
-            max_model_len=args.max_model_len,
+            step_timeout_s=args.step_timeout,
             drain_timeout_s=args.drain_timeout,
             worker_recovery_timeout_s=args.worker_recovery_timeout,
         )

@@ -1,5 +1,7 @@
-"""The scheduler's invariants, checked in full. For tests (after every step) and for an idle
-engine; it walks every block, so it is not for the hot path."""
+"""The scheduler's and the KV cache's invariants, checked in full. For tests (after every step)
+and for an idle engine; it walks every block, so it is not for the hot path. Each layer checks
+its own: `Scheduler.check_integrity` its request sets, then `KVCacheManager.check_integrity`
+its tables and pool."""
 
 from __future__ import annotations
 
@@ -10,16 +12,28 @@ from services.scheduler.block_hash import DIGEST_SIZE
 from services.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
+    from services.scheduler.block_pool import BlockPool, KVBlock
+    from services.scheduler.kv_cache_manager import KVCacheManager
+    from services.scheduler.request import Request
     from services.scheduler.scheduler import Scheduler
 
 
 def check_integrity(scheduler: Scheduler) -> None:
-    """Raise AssertionError naming what is wrong."""
+    """Raise AssertionError naming what is wrong with the scheduler or its KV cache."""
     _check_requests(scheduler)
-    _check_refcounts(scheduler)
-    _check_free_queue(scheduler)
-    _check_cache_map(scheduler)
-    _check_tables(scheduler)
+    scheduler.kv.check_integrity(scheduler.running)
+
+
+def check_kv_integrity(
+    kv: KVCacheManager, tables: dict[str, list[KVBlock]], running: list[Request]
+) -> None:
+    """Raise AssertionError naming what is wrong with the block tables or the pool."""
+    stray = set(tables) - {r.request_id for r in running}
+    assert not stray, f"block tables of requests not running: {sorted(stray)}"
+    _check_refcounts(kv.pool, tables)
+    _check_free_queue(kv.pool)
+    _check_cache_map(kv.pool)
+    _check_tables(kv.block_size, tables, running)
 
 
 def _check_requests(scheduler: Scheduler) -> None:
@@ -37,7 +51,7 @@ def _check_requests(scheduler: Scheduler) -> None:
     )
     for r in waiting:
         assert r.status is RequestStatus.WAITING, f"{r.request_id} waiting with {r.status}"
-        assert r.request_id not in scheduler.kv.req_to_blocks, (
+        assert scheduler.kv.num_blocks_held(r.request_id) == 0, (
             f"waiting request {r.request_id} holds blocks"
         )
     for r in running:
@@ -45,13 +59,11 @@ def _check_requests(scheduler: Scheduler) -> None:
     assert len(running) <= scheduler.config.max_num_seqs, (
         f"{len(running)} running > max_num_seqs {scheduler.config.max_num_seqs}"
     )
-    stray = set(scheduler.kv.req_to_blocks) - set(running_ids)
-    assert not stray, f"block tables of requests not running: {sorted(stray)}"
 
 
-def _check_refcounts(scheduler: Scheduler) -> None:
-    holders = Counter(b.block_id for t in scheduler.kv.req_to_blocks.values() for b in t)
-    for block in scheduler.kv.pool.blocks:
+def _check_refcounts(pool: BlockPool, tables: dict[str, list[KVBlock]]) -> None:
+    holders = Counter(b.block_id for t in tables.values() for b in t)
+    for block in pool.blocks:
         assert block.ref_count == holders[block.block_id], (
             f"block {block.block_id} has ref_count {block.ref_count} but "
             f"{holders[block.block_id]} block tables hold it"
@@ -62,8 +74,7 @@ def _check_refcounts(scheduler: Scheduler) -> None:
             )
 
 
-def _check_free_queue(scheduler: Scheduler) -> None:
-    pool = scheduler.kv.pool
+def _check_free_queue(pool: BlockPool) -> None:
     free = pool.free_queue.check_links()
     free_ids = [b.block_id for b in free]
     assert len(set(free_ids)) == len(free_ids), f"free queue repeats blocks: {free_ids}"
@@ -78,8 +89,7 @@ def _check_free_queue(scheduler: Scheduler) -> None:
             )
 
 
-def _check_cache_map(scheduler: Scheduler) -> None:
-    pool = scheduler.kv.pool
+def _check_cache_map(pool: BlockPool) -> None:
     for block_hash, block in pool.cached_blocks.items():
         assert isinstance(block_hash, bytes) and len(block_hash) == DIGEST_SIZE, (
             f"cache map key {block_hash!r} is not a {DIGEST_SIZE}-byte block digest"
@@ -98,10 +108,11 @@ def _short_hex(digest: bytes | None) -> str:
     return "none" if digest is None else digest.hex()[:16]
 
 
-def _check_tables(scheduler: Scheduler) -> None:
-    block_size = scheduler.block_size
-    for r in scheduler.running:
-        table = scheduler.kv.req_to_blocks.get(r.request_id, [])
+def _check_tables(
+    block_size: int, tables: dict[str, list[KVBlock]], running: list[Request]
+) -> None:
+    for r in running:
+        table = tables.get(r.request_id, [])
         ids = [b.block_id for b in table]
         assert len(set(ids)) == len(ids), f"{r.request_id}'s table repeats blocks: {ids}"
         assert len(table) * block_size >= r.num_computed_tokens, (

@@ -1,12 +1,17 @@
 """Block tables of requests on top of the block pool: prefix-cache lookups, all-or-nothing
-allocation, caching full blocks as they fill, and freeing."""
+allocation, caching full blocks as they fill, and freeing.
+
+The scheduler talks to it in verbs and block ids only (`get_computed_blocks`,
+`allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`): the tables
+and the pool stay inside, and `check_integrity` checks them here, where they live."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from services.scheduler.block_hash import hash_block
 from services.scheduler.block_pool import BlockPool, KVBlock
+from services.scheduler.integrity_checker import check_kv_integrity
 from services.scheduler.request import Request
 
 
@@ -15,10 +20,8 @@ class KVCacheManager:
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
-        self.req_to_blocks: dict[str, list[KVBlock]] = {}
+        self._tables: dict[str, list[KVBlock]] = {}  # request id -> its block table
         self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
-        self.prefix_cache_queries = 0  # tokens looked up
-        self.prefix_cache_hits = 0  # tokens found
 
     @property
     def num_free_blocks(self) -> int:
@@ -27,8 +30,21 @@ class KVCacheManager:
     def num_blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
 
-    def get_block_ids(self, request_id: str) -> list[int]:
-        return [b.block_id for b in self.req_to_blocks.get(request_id, ())]
+    def get_block_ids(self, request_id: str, start: int = 0) -> list[int]:
+        """The request's block table (from entry `start` on) as block ids."""
+        return [b.block_id for b in self._tables.get(request_id, ())[start:]]
+
+    def num_blocks_held(self, request_id: str) -> int:
+        return len(self._tables.get(request_id, ()))
+
+    def reset_prefix_cache(self) -> None:
+        """Forget every cached block hash (the blocks' contents are no longer trusted)."""
+        self.pool.reset_prefix_cache()
+
+    def check_integrity(self, running: Iterable[Request]) -> None:
+        """Raise AssertionError naming the first broken invariant of the tables (held only by
+        `running` requests, each big enough) and of the pool beneath. Walks every block."""
+        check_kv_integrity(self, self._tables, list(running))
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of `request`'s full blocks, and how many tokens it covers.
@@ -36,8 +52,8 @@ class KVCacheManager:
         Never the whole sequence: at least one token is left to compute so that the step has
         logits to sample from. Takes no references; `allocate_slots` does.
         """
-        if not self.enable_prefix_caching:
-            return [], 0
+        if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
+            return [], 0  # prompt logprobs need every prompt position computed (as vLLM)
         max_hit_blocks = (request.num_tokens - 1) // self.block_size
         self._extend_hashes(request, max_hit_blocks)
         hit_blocks = []
@@ -46,15 +62,7 @@ class KVCacheManager:
             if block is None:
                 break
             hit_blocks.append(block)
-        num_hit_tokens = len(hit_blocks) * self.block_size
-        self.prefix_cache_queries += request.num_tokens
-        self.prefix_cache_hits += num_hit_tokens
-        return hit_blocks, num_hit_tokens
-
-    def can_allocate(
-        self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
-    ) -> bool:
-        return self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks) is not None
+        return hit_blocks, len(hit_blocks) * self.block_size
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
@@ -63,7 +71,7 @@ class KVCacheManager:
         `num_new_tokens`. Returns the blocks appended (hits first), or None, having changed
         nothing, when not every needed block is free."""
         if not new_computed_blocks:  # fast path: a decode token that fits in the last block
-            table = self.req_to_blocks.get(request.request_id)
+            table = self._tables.get(request.request_id)
             if table and request.num_computed_tokens + num_new_tokens <= len(table) * (
                 self.block_size
             ):
@@ -71,7 +79,7 @@ class KVCacheManager:
         num_new_blocks = self._num_blocks_to_take(request, num_new_tokens, new_computed_blocks)
         if num_new_blocks is None:
             return None
-        table = self.req_to_blocks.setdefault(request.request_id, [])
+        table = self._tables.setdefault(request.request_id, [])
         self.pool.touch(new_computed_blocks)
         appended = list(new_computed_blocks)
         if num_new_blocks:
@@ -92,7 +100,7 @@ class KVCacheManager:
         num_cached = self._num_cached_blocks.get(rid, 0)
         if num_full <= num_cached:
             return
-        table = self.req_to_blocks[rid]
+        table = self._tables[rid]
         num_full = min(num_full, len(table))
         self._extend_hashes(request, num_full)
         for i in range(num_cached, num_full):
@@ -102,7 +110,7 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         """Give back the request's blocks, last block first, so that a request's tail blocks
         (the least likely to be shared) are evicted before its prefix."""
-        table = self.req_to_blocks.pop(request.request_id, None)
+        table = self._tables.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
         if table:
             self.pool.free_blocks(reversed(table))
@@ -110,7 +118,7 @@ class KVCacheManager:
     def _num_blocks_to_take(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock]
     ) -> int | None:
-        table = self.req_to_blocks.get(request.request_id, ())
+        table = self._tables.get(request.request_id, ())
         num_tokens = (
             request.num_computed_tokens
             + len(new_computed_blocks) * self.block_size

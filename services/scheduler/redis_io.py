@@ -58,13 +58,16 @@ class StepWrites:
     outputs: dict[str, list[TokenDelta]]  # gateway id -> deltas
     acked_entry_ids: list[str]
     statuses: dict[str, dict[str, str]]  # request id -> hash fields to set
+    engine_status: EngineStatus | None = None  # the engine's, when it changed this step
 
     @classmethod
     def empty(cls) -> StepWrites:
         return cls({}, [], {})
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.acked_entry_ids or self.statuses)
+        return bool(
+            self.outputs or self.acked_entry_ids or self.statuses or self.engine_status is not None
+        )
 
     def set_status(self, request_id: str, **fields: object) -> None:
         self.statuses.setdefault(request_id, {}).update({k: str(v) for k, v in fields.items()})
@@ -85,7 +88,22 @@ def _entry(entry_id: bytes | str, fields: dict | None) -> StreamEntry:
         return StreamEntry(entry_id, None, str(exc))
     if not isinstance(message, GenerateRequest):
         return StreamEntry(entry_id, None, f"entry is a {type(message).__name__}")
+    problem = _routing_problem(message)
+    if problem is not None:  # nobody to answer: dropped (logged) and ACKed
+        return StreamEntry(entry_id, None, problem)
     return StreamEntry(entry_id, message)
+
+
+def _routing_problem(request: GenerateRequest) -> str | None:
+    """What makes a request impossible to answer: who it is and where its output goes. The
+    rest of it is checked when it is queued (`request_validator.py`), and answered."""
+    if not isinstance(request.request_id, str) or not request.request_id:
+        return f"request_id must be a non-empty string, got {request.request_id!r}"
+    if not isinstance(request.gateway_id, str):
+        return f"gateway_id must be a string, got {request.gateway_id!r}"
+    if isinstance(request.arrival_time, bool) or not isinstance(request.arrival_time, int | float):
+        return f"arrival_time must be a number, got {request.arrival_time!r}"
+    return None
 
 
 class RedisIO:
@@ -202,6 +220,8 @@ class RedisIO:
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
                 pipe.expire(key, REQUEST_STATUS_TTL_S)
+            if writes.engine_status is not None:
+                self._queue_engine_status(pipe, writes.engine_status)
             try:
                 await pipe.execute()
             except ResponseError as exc:
@@ -218,9 +238,12 @@ class RedisIO:
         await self.setup()
 
     async def write_engine_status(self, status: EngineStatus) -> None:
-        key = self.keys.engine(self.engine_id)
         async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.hset(key, mapping=to_fields(status))
-            pipe.expire(key, ENGINE_STATUS_TTL_S)
-            pipe.sadd(self.keys.engines, self.engine_id)
+            self._queue_engine_status(pipe, status)
             await pipe.execute()
+
+    def _queue_engine_status(self, pipe: aioredis.client.Pipeline, status: EngineStatus) -> None:
+        key = self.keys.engine(self.engine_id)
+        pipe.hset(key, mapping=to_fields(status))
+        pipe.expire(key, ENGINE_STATUS_TTL_S)
+        pipe.sadd(self.keys.engines, self.engine_id)

@@ -5,26 +5,31 @@ told. Four verbs as in vLLM v1: `add_request`, `schedule`, `update_from_output`,
 Each step runs the running sequences first (one decode token each, or the next chunk of a
 partially prefilled prompt), then admits waiting ones (prefix-cache hits first), within
 `max_num_seqs` and `max_num_batched_tokens`. A running sequence that needs a block when none is
-free preempts the newest running sequence (itself, if it is the newest): its blocks are freed
-and it goes back to the head of the waiting queue, to be recomputed later. A plan is never
+free preempts the newest running sequence (itself, if it is the newest; under the priority
+policy the lowest-priority one, even one already planned this step, which is then taken out of
+the plan): its blocks are freed and it goes back to the head of the waiting queue, to be
+recomputed later. A plan is never
 sent without every block it needs already allocated.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
 from collections.abc import Iterable
 
 from services.scheduler.errors import RequestRejectedError
+from services.scheduler.finish_rules import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, check_stop
 from services.scheduler.integrity_checker import check_integrity
 from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_queue import make_request_queue
+from services.scheduler.request_validator import check_fits, validate_request
 from services.scheduler.stats import SchedulerStats
-from services.scheduler.stop_checker import FINISH_ABORT, FINISH_ERROR, check_stop
 from shared.config import CacheConfig, SchedulerConfig
+from shared.iteration_histogram import IterationHistogram
 from shared.protocol import (
     ERROR_ENGINE,
     CachedSequence,
@@ -41,7 +46,10 @@ RUNNING = RequestStatus.RUNNING
 
 
 class Scheduler:
-    def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
+    def __init__(
+        self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, vocab_size: int = 0
+    ) -> None:
+        """`vocab_size` > 0: prompt and stop token ids must be below it."""
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be set (the workers report it)")
         if cache_config.block_size is None:
@@ -51,6 +59,7 @@ class Scheduler:
                 "scheduler_config.max_num_batched_tokens must be set (the workers report it)"
             )
         self.config = scheduler_config
+        self.vocab_size = vocab_size
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks
         self.kv = KVCacheManager(
@@ -70,6 +79,7 @@ class Scheduler:
         self._num_steps = 0
         self._prefix_cache_queries = 0
         self._prefix_cache_hits = 0
+        self.iteration_tokens = IterationHistogram()  # tokens per step, for metrics
 
     # -- requests in and out -------------------------------------------------------------------
 
@@ -105,7 +115,7 @@ class Scheduler:
         for request in reversed(victims):
             self._preempt(request)
         # The workers' KV is gone with their state, so no cached block may be hit any more.
-        self.kv.pool.reset_prefix_cache()
+        self.kv.reset_prefix_cache()
         return len(victims)
 
     def reset_prefix_cache(self) -> None:
@@ -119,7 +129,7 @@ class Scheduler:
                 f"({len(self.running)} running, {len(self.waiting)} waiting): "
                 "finish or abort them first"
             )
-        self.kv.pool.reset_prefix_cache()
+        self.kv.reset_prefix_cache()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
@@ -157,6 +167,7 @@ class Scheduler:
         if result.step_id != plan.step_id:
             raise ValueError(f"result of step {result.step_id} given for plan {plan.step_id}")
         self._num_steps += 1
+        self.iteration_tokens.observe(plan.num_scheduled_tokens)
         scheduled = self._live_scheduled(plan)
         if result.error is not None:
             deltas = [
@@ -175,34 +186,43 @@ class Scheduler:
     # -- scheduling helpers -------------------------------------------------------------------
 
     def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
-        cached_seqs: list[CachedSequence] = []
-        i = 0
-        while i < len(self.running) and token_budget > 0:
-            request = self.running[i]
+        planned: dict[str, CachedSequence] = {}  # in running order
+        num_done = 0  # running[:num_done] are dealt with this step
+        while num_done < len(self.running) and token_budget > 0:
+            request = self.running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
-            if num_new <= 0:  # its sample is still in flight
-                i += 1
-                continue
-            if not self._allocate_or_preempt(request, num_new, i):
-                continue  # it preempted itself; running[i] is now the next one
-            token_budget -= num_new
-            cached_seqs.append(self._cached_seq(request, num_new, step_id))
-            i += 1
-        return cached_seqs, token_budget
+            if num_new > 0:  # else its sample is still in flight
+                for victim, index in self._allocate_or_preempt(request, num_new):
+                    num_done -= index < num_done
+                    unplanned = planned.pop(victim.request_id, None)
+                    if unplanned is not None:  # preempted after it was planned this step
+                        token_budget += unplanned.num_scheduled_tokens
+                if request.status is not RUNNING:
+                    continue  # it preempted itself; running[num_done] is now the next one
+                token_budget -= num_new
+                planned[request.request_id] = self._cached_seq(request, num_new, step_id)
+            num_done += 1
+        return list(planned.values()), token_budget
 
-    def _allocate_or_preempt(self, request: Request, num_new: int, first_unscheduled: int) -> bool:
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
+        """Allocate `request`'s slots, preempting victims until they fit; returns each victim
+        with its index in `running` before it left (the request itself last, if it went)."""
+        victims = []
         while self.kv.allocate_slots(request, num_new) is None:
-            victim = self._pick_victim(first_unscheduled)
-            self.running.remove(victim)
+            victim = self._pick_victim()
+            index = self.running.index(victim)
+            del self.running[index]
             self._preempt(victim)
+            victims.append((victim, index))
             if victim is request:
-                return False
-        return True
+                break
+        return victims
 
-    def _pick_victim(self, first_unscheduled: int) -> Request:
+    def _pick_victim(self) -> Request:
+        """fcfs: the newest running request. priority: the lowest priority (largest value),
+        newest among equals, among all running ones - planned this step or not (vLLM)."""
         if self.config.policy == "priority":
-            candidates = self.running[first_unscheduled:]
-            return max(candidates, key=lambda r: (r.priority, r.arrival_index))
+            return max(self.running, key=lambda r: (r.priority, r.arrival_index))
         return self.running[-1]
 
     def _preempt(self, request: Request) -> None:
@@ -260,20 +280,18 @@ class Scheduler:
         return seq
 
     def _cached_seq(self, request: Request, num_new: int, step_id: int) -> CachedSequence:
-        table = self.kv.req_to_blocks[request.request_id]
-        num_blocks = len(table)
+        num_blocks = self.kv.num_blocks_held(request.request_id)
         new_block_ids = (
-            [b.block_id for b in table[request.num_sent_blocks :]]
+            self.kv.get_block_ids(request.request_id, start=request.num_sent_blocks)
             if request.num_sent_blocks < num_blocks
             else []
         )
-        # Positional: this runs once per running sequence per step.
         seq = CachedSequence(
-            request.request_id,
-            request.all_token_ids[request.num_sent_tokens :],
-            new_block_ids,
-            request.num_computed_tokens,
-            num_new,
+            seq_id=request.request_id,
+            new_token_ids=request.all_token_ids[request.num_sent_tokens :],
+            new_block_ids=new_block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
         )
         self._mark_sent(request, num_new, num_blocks, step_id)
         return seq
@@ -311,10 +329,17 @@ class Scheduler:
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
                 continue
+            prompt_logprobs = result.prompt_logprobs[i] if result.prompt_logprobs else None
+            if request.sampling.max_tokens == 0:  # prompt only: done after the prefill
+                deltas.append(self._finish(request, FINISH_LENGTH, prompt_logprobs=prompt_logprobs))
+                continue
             request.all_token_ids.append(token_id)
             if request.first_token_time is None:
                 request.first_token_time = now
-            deltas.append(self._token_delta(request, token_id, i, result))
+            delta = self._token_delta(request, token_id, i, result)
+            if prompt_logprobs is not None:
+                delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
+            deltas.append(delta)
         return deltas
 
     def _token_delta(
@@ -337,17 +362,14 @@ class Scheduler:
                 stop_token_id=token_id if is_stop_token else None,
             )
         num_prompt = request.num_prompt_tokens
-        return TokenDelta(  # positional: once per sampled sequence per step
-            request.request_id,
-            token_ids,
-            logprobs,
-            top_logprobs,
-            None,
-            None,
-            None,
-            num_prompt,
-            len(request.all_token_ids) - num_prompt,
-            max(request.num_cached_tokens, 0),
+        return TokenDelta(
+            request_id=request.request_id,
+            token_ids=token_ids,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            num_prompt_tokens=num_prompt,
+            num_output_tokens=len(request.all_token_ids) - num_prompt,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
         )
 
     def _fail_unsampled(self, scheduled: list[Request]) -> list[TokenDelta]:
@@ -376,7 +398,7 @@ class Scheduler:
         self._num_finished += 1
         delta_fields.setdefault("token_ids", [])
         return TokenDelta(
-            request.request_id,
+            request_id=request.request_id,
             finish_reason=reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
@@ -391,30 +413,10 @@ class Scheduler:
     # -- validation, stats, invariants -----------------------------------------------------------
 
     def _validate(self, request: GenerateRequest) -> None:
-        rid = request.request_id
-        if rid in self.requests:
-            raise RequestRejectedError(f"request id {rid!r} is already in use")
-        num_prompt = len(request.prompt_token_ids)
-        if num_prompt == 0:
-            raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
-        try:
-            request.sampling.validate()
-        except ValueError as exc:
-            raise RequestRejectedError(f"request {rid!r}: invalid sampling params: {exc}") from exc
-        max_tokens = request.sampling.max_tokens
-        max_len = self.config.max_model_len
-        if num_prompt + max_tokens > max_len:
-            raise RequestRejectedError(
-                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                f"exceeds max_model_len ({max_len})"
-            )
-        num_blocks = self.kv.num_blocks_for(num_prompt + max_tokens)
-        if num_blocks > self.num_blocks:
-            raise RequestRejectedError(
-                f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
-                f"needs {num_blocks} KV blocks of {self.block_size} tokens but the whole cache "
-                f"has {self.num_blocks}"
-            )
+        if request.request_id in self.requests:
+            raise RequestRejectedError(f"request id {request.request_id!r} is already in use")
+        validate_request(request, self.vocab_size)
+        check_fits(request, self.config.max_model_len, self.block_size, self.num_blocks)
 
     def stats(self) -> SchedulerStats:
         num_free = self.kv.num_free_blocks

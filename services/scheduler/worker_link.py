@@ -2,15 +2,22 @@
 results in.
 
 An *epoch* is one view of the workers in which every rank has said hello and holds sequence
-state that matches the scheduler's. The link heartbeats as `Heartbeat("scheduler:<epoch>")`;
-a worker that sees a new epoch drops its sequences and says hello (see
-`services/gpu_worker/worker_loop.py`). The link is *ready* once every rank has said hello in the
-current epoch and is still heartbeating.
+state that matches the scheduler's. The link heartbeats with its epoch as a field; a worker that
+sees a new epoch drops its sequences and says hello (see `services/gpu_worker/worker_loop.py`).
+The link is *ready* once every rank has said hello in the current epoch and is still
+heartbeating.
 
-A rank is *lost* when it has not heartbeated for `worker_timeout_s`, or when it says hello again
-while ready (it restarted, or dropped its state after losing us). Losing a rank fails the step
-in flight (`wait_result` returns None) and `lost_reason` says why; the engine loop then
-preempts everything and calls `new_epoch()`, and every rank starts again from empty state.
+A rank is *lost* when it has not heartbeated for `worker_timeout_s` (silence), when a step's
+result does not come within the step's own timeout (`wait_result`), or when it says hello again
+while ready (it restarted, or dropped its state after losing us). Liveness is not latency: a
+worker's heartbeats flow from a thread while it computes, so a long step is not a loss until
+the (much longer) step timeout. Losing a rank fails the step in flight (`wait_result` returns
+None) and `lost_reason` says why; `worker_recovery.py` then preempts everything and calls
+`new_epoch()`, and every rank starts again from empty state.
+
+The block size is a memory layout: every hello must match it (the flag's, else the first
+accepted hello's, for good). The engine's other dimensions are derived from the hellos once,
+in `engine_shape.py`; `require(shape)` then refuses ranks that could not hold it.
 """
 
 from __future__ import annotations
@@ -24,7 +31,8 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
+from services.scheduler.engine_shape import EngineShape
+from shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
 from shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
 
 logger = logging.getLogger(__name__)
@@ -48,7 +56,6 @@ class WorkerLink:
         world_size: int,
         block_size: int | None,
         worker_timeout_s: float = 10.0,
-        max_num_batched_tokens: int | None = None,
     ) -> None:
         self.plan_address = plan_address
         self.result_address = result_address
@@ -56,9 +63,6 @@ class WorkerLink:
         # None until the first accepted hello: then the workers' (device-dependent) default,
         # which every later hello, in this epoch or any later one, must match
         self.block_size = block_size
-        # None until the first accepted hello: then that worker's (device-dependent) default.
-        # Later hellos need not match: it is a scheduling budget, not a memory layout.
-        self.max_num_batched_tokens = max_num_batched_tokens
         self.worker_timeout_s = worker_timeout_s
         self.epoch = uuid.uuid4().hex[:12]
         self.ranks = [RankState() for _ in range(world_size)]
@@ -115,15 +119,6 @@ class WorkerLink:
     def hellos(self) -> list[WorkerHello]:
         return [r.hello for r in self.ranks if r.hello is not None]
 
-    @property
-    def num_blocks(self) -> int:
-        """KV blocks every rank can hold: the minimum over the current hellos."""
-        return min(h.num_blocks for h in self.hellos)
-
-    @property
-    def max_model_len(self) -> int:
-        return min(h.max_model_len for h in self.hellos)
-
     def workers_alive(self) -> bool:
         now = time.monotonic()
         return all(now - r.last_seen <= self.worker_timeout_s for r in self.ranks)
@@ -132,6 +127,11 @@ class WorkerLink:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._ready.wait(), timeout_s)
         return self.is_ready
+
+    def require(self, shape: EngineShape) -> None:
+        """From now on, refuse a rank that cannot hold `shape` (the scheduler hands it out)."""
+        self.block_size = shape.block_size
+        self.min_num_blocks = shape.num_blocks
 
     def new_epoch(self) -> None:
         """Forget every hello; every rank must drop its state and say hello again."""
@@ -168,9 +168,7 @@ class WorkerLink:
 
     def _publish_heartbeat(self) -> None:
         if self._publisher is not None:
-            self._publisher.send(
-                Heartbeat(f"scheduler:{self.epoch}", time.time(), self.last_step_id)
-            )
+            self._publisher.send(Heartbeat.from_scheduler(self.epoch, self.last_step_id))
 
     async def _heartbeat_forever(self) -> None:
         while True:
@@ -194,9 +192,8 @@ class WorkerLink:
         if isinstance(message, StepResult):
             self._on_result(message)
         elif isinstance(message, Heartbeat):
-            rank = _rank_of(message.sender, self.world_size)
-            if rank is not None:
-                self.ranks[rank].last_seen = time.monotonic()
+            if message.role == ROLE_WORKER and 0 <= message.rank < self.world_size:
+                self.ranks[message.rank].last_seen = time.monotonic()
         elif isinstance(message, WorkerHello):
             self._on_hello(message)
         else:
@@ -223,13 +220,6 @@ class WorkerLink:
         if self.block_size is None:
             self.block_size = hello.block_size
             logger.info("block_size %d: adopted from worker rank %d", hello.block_size, hello.rank)
-        if self.max_num_batched_tokens is None:
-            self.max_num_batched_tokens = hello.max_num_batched_tokens
-            logger.info(
-                "max_num_batched_tokens %d: adopted from worker rank %d",
-                hello.max_num_batched_tokens,
-                hello.rank,
-            )
         state.hello = hello
         logger.info(
             "worker rank %d attached (pid %d, %d blocks)", hello.rank, hello.pid, hello.num_blocks
@@ -272,10 +262,3 @@ class WorkerLink:
         self._ready.clear()
         if self._result_waiter is not None and not self._result_waiter[1].done():
             self._result_waiter[1].set_result(None)
-
-
-def _rank_of(sender: str, world_size: int) -> int | None:
-    kind, _, rank_text = sender.partition(":")
-    if kind != "worker" or not rank_text.isdigit() or int(rank_text) >= world_size:
-        return None
-    return int(rank_text)

@@ -10,7 +10,11 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
+import tempfile
+from pathlib import Path
 
+import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
@@ -20,6 +24,7 @@ from kernels.paged_decode import paged_decode_kernel, paged_decode_reduce_kernel
 from kernels.paged_prefill import paged_prefill_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
 # Llama-3-8B attention: 32 query heads over 8 KV heads of 128, pages of 16 tokens.
 SHAPE = {"HEAD_DIM": 128, "HEAD_PAD": 128, "BLOCK_SIZE": 16}
 
@@ -48,9 +53,10 @@ def signature(fn, pointer_types: dict[str, str], constexprs: dict[str, object]) 
 
 def sources(dtype: str) -> dict[str, ASTSource]:
     upcast = dtype == "fp32"
+    tile = 32 if upcast else 64  # launch_checks.tile_size on CUDA
     data = {"query_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}"}
     tables = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
-    decode = {"GROUP": 4, "GROUP_PAD": 16, "TILE_N": 64, "UPCAST": upcast, **SHAPE}
+    decode = {"GROUP": 4, "GROUP_PAD": 16, "TILE_N": tile, "UPCAST": upcast, **SHAPE}
     out = []
     for split in (False, True):
         ptrs = {**data, **tables, "out_ptr": "*fp32" if split else f"*{dtype}", "lse_ptr": "*fp32"}
@@ -60,11 +66,20 @@ def sources(dtype: str) -> dict[str, ASTSource]:
                 signature(paged_decode_kernel, ptrs, {**decode, "SPLIT": split}),
             )
         )
-    ptrs = {**data, **tables, "out_ptr": f"*{dtype}", "query_start_loc_ptr": "*i32"}
-    prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": 16, "TILE_N": 64, "UPCAST": upcast, **SHAPE}
-    out.append(("prefill", signature(paged_prefill_kernel, ptrs, prefill)))
+    ptrs = {
+        **data,
+        **tables,
+        "out_ptr": f"*{dtype}",
+        "query_start_loc_ptr": "*i32",
+        "work_items_ptr": "*i32",
+    }
+    prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": tile // 4, "TILE_N": tile, "UPCAST": upcast}
+    prefill.update(SHAPE)
+    for flat, name in ((True, "prefill"), (False, "prefill padded grid")):
+        constexprs = {**prefill, "NUM_KV_HEADS": 8, "FLAT_GRID": flat}
+        out.append((name, signature(paged_prefill_kernel, ptrs, constexprs)))
     ptrs = {"out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
-    reduce = {"NUM_SPLITS": 5, "SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
+    reduce = {"SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
     out.append(("decode reduce", signature(paged_decode_reduce_kernel, ptrs, reduce)))
     ptrs = {n: f"*{dtype}" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")}
     write = {"NUM_KV_HEADS": 8, "HEADS_PAD": 8, **SHAPE}
@@ -74,12 +89,28 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     return dict(out)
 
 
+def resource_usage(cubin: bytes) -> dict[str, int]:
+    """Registers per thread and stack (local memory, where spills go) bytes per thread."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run(
+            [str(CUOBJDUMP), "-res-usage", f.name], capture_output=True, text=True, check=True
+        ).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", text)
+    if found is None:
+        raise RuntimeError(f"no resource usage in cuobjdump output: {text[-500:]}")
+    return {"registers": int(found[1]), "stack_bytes": int(found[2])}
+
+
 def main() -> None:
     if os.environ.get("TRITON_INTERPRET") == "1":
         raise SystemExit("unset TRITON_INTERPRET: this compiles for the GPU")
     for dtype in ("fp16", "bf16", "fp32"):
         for name, source in sources(dtype).items():
-            kernel = triton_compile(source, target=TARGET)
+            # launch_checks.decode_num_warps: fp32 decode spreads its tiles over 8 warps
+            warps = 8 if dtype == "fp32" and name.startswith("decode split") else 4
+            kernel = triton_compile(source, target=TARGET, options={"num_warps": warps})
             ptx = kernel.asm["ptx"]
             facts = {
                 "kernel": name,
@@ -87,6 +118,7 @@ def main() -> None:
                 "shared_bytes": kernel.metadata.shared,
                 "cp_async": len(re.findall(r"cp\.async\.", ptx)),
                 "mma": len(re.findall(r"\bmma\.sync\b|\bwgmma\.", ptx)),
+                **resource_usage(kernel.asm["cubin"]),
             }
             print(json.dumps(facts), flush=True)
 

@@ -3,6 +3,7 @@ its table; without CUDA the real run refuses with a non-zero exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -32,11 +33,17 @@ def test_smoke_run_writes_a_table_of_correct_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     table = (tmp_path / "kernels_cpu_interpreter.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
-    assert len(rows) == 1 + 4  # header + one row per smoke case
+    assert len(rows) == 1 + 5  # header + one row per smoke case
     for op in ("decode", "prefill", "kv_write"):
         assert any(f"| {op} |" in row for row in rows), op
     assert all(row.endswith("| ok |") for row in rows[1:]), table
     assert "NOT GPU numbers" in table
+    data = json.loads((tmp_path / "kernels_cpu_interpreter.json").read_text())
+    assert [c["prefill_grid"] for c in data["cases"] if c["name"].startswith("mixed")] == [
+        "flat",
+        "padded",
+    ]
+    assert all(c["ok"] for c in data["cases"])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from services.engine import LLMEngine
+from services.scheduler.errors import RequestRejectedError
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import GenerateRequest, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
@@ -221,3 +222,19 @@ def test_generate_fails_loudly_when_the_scheduler_is_stuck(tiny_llama_dir, monke
     monkeypatch.setattr(engine.scheduler, "schedule", lambda: StepPlan(0))
     with pytest.raises(RuntimeError, match="cannot make progress"):
         engine.generate([[3, 4]], GREEDY)
+
+
+def test_a_rejected_prompt_aborts_the_ones_already_queued_in_that_call(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    good = random_prompts((5, 7), seed=3)
+    with pytest.raises(RequestRejectedError, match="outside the vocabulary"):
+        engine.generate([*good, [TINY_VOCAB_SIZE + 1]], GREEDY)
+    assert not engine.has_unfinished_requests()  # nothing left to run in the next call
+    assert engine.scheduler.stats().num_aborted == 2
+    [result] = engine.generate([good[0]], GREEDY)  # and the engine serves on
+    assert result.finish_reason == "length" and len(result.token_ids) == MAX_TOKENS
+
+
+def test_the_engine_knows_its_vocabulary(tiny_llama_dir):
+    engine = make_engine(tiny_llama_dir)
+    assert engine.shape.vocab_size == TINY_VOCAB_SIZE == engine.scheduler.vocab_size

@@ -11,7 +11,7 @@ layer's attention reuses it. Layouts are those of `kernels/reference.py`:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -39,6 +39,9 @@ class AttentionMetadata:
     single_token_seqs: torch.Tensor  # [S1] int64: sequences with one new token
     single_token_rows: torch.Tensor  # [S1] int64: that token's row in query
     multi_token_seqs: list[int]  # sequences with several new tokens
+    # What a backend derives from this step's facts once and every layer reuses (e.g. the
+    # Triton prefill kernel's work list), keyed by the backend.
+    backend_scratch: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -3,12 +3,16 @@ TRITON_INTERPRET=1, which is how its tests run without a GPU)."""
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from kernels.kv_cache_write import write_kv_cache
 from kernels.paged_decode import paged_decode_attention
-from kernels.paged_prefill import paged_prefill_attention
+from kernels.paged_prefill import build_work_items, paged_prefill_attention
 from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
+
+WORK_ITEMS_KEY = "triton_prefill_work_items"
 
 
 class TritonAttentionBackend(BaseAttentionBackend):
@@ -45,4 +49,23 @@ class TritonAttentionBackend(BaseAttentionBackend):
             metadata.seq_lens,
             self.scale,
             max_query_len=metadata.max_query_len,
+            work_items=self.prefill_work_items(metadata, query.dtype),
         )
+
+    def prefill_work_items(self, metadata: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
+        """The flat grid's (sequence, query tile) list, built on the first layer of a step
+        from host-side lengths (no device sync) and reused by the others."""
+        items = metadata.backend_scratch.get(WORK_ITEMS_KEY)
+        if items is None:
+            starts = metadata.query_start_list
+            query_lens = [end - start for start, end in itertools.pairwise(starts)]
+            items = build_work_items(
+                query_lens,
+                metadata.seq_lens_list,
+                self.num_heads,
+                self.num_kv_heads,
+                dtype,
+                metadata.seq_lens.device,
+            )
+            metadata.backend_scratch[WORK_ITEMS_KEY] = items
+        return items

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import redis
 
-from benchmarks.pipeline_launcher import LocalPipeline, PipelineConfig
 from services.cli import main
+from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 from shared.keys import RedisKeys
 from shared.status import EngineStatus, from_fields
 from tests.integration.pipeline.served_model import build_served_model

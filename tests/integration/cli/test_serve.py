@@ -5,9 +5,12 @@ ends with finish_reason "abort" and [DONE]), and no process left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import stat
+import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -19,7 +22,12 @@ import redis
 
 from services.cli.ports import free_port
 from services.cli.redis_launcher import RedisServer
-from tests.integration.cli.serve_process import ServeProcess, group_exists, is_alive
+from tests.integration.cli.serve_process import (
+    PAGEDSERVE,
+    ServeProcess,
+    group_exists,
+    is_alive,
+)
 from tests.integration.pipeline.served_model import build_served_model
 
 pytestmark = pytest.mark.integration
@@ -102,6 +110,9 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serve.child_pids]
     for program in (b"services.scheduler", b"services.gpu_worker", b"services.gateway", b"redis"):
         assert any(program in command for command in commands), (program, commands)
+    socket_dir = _private_socket_dir(commands)
+    found = _queue_without_redis_flags(serve)  # the discovery file leads `queue` to serve
+    assert found.returncode == 0 and "engines" in json.loads(found.stdout), found.stderr
 
     # A plain streamed chat completion.
     first = Stream(serve.base_url, "Hello there", 8)
@@ -110,7 +121,7 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert first.finish_reasons() == ["length"] and first.text()
 
     # `pagedserve queue --json` while requests run shows them.
-    streams = [Stream(serve.base_url, f"story {i}", 100) for i in range(3)]
+    streams = [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
     seen_ids: set[str] = set()
     deadline = time.monotonic() + 60
     while not seen_ids and time.monotonic() < deadline:
@@ -141,10 +152,38 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert serve.wait(timeout_s=60) == 0, serve.log()
     assert "stopped" in serve.log().splitlines()[-1]
     assert_nothing_left(serve)
+    assert not socket_dir.exists()
+    gone = _queue_without_redis_flags(serve)
+    assert gone.returncode == 1 and f"no local pagedserve serve on port {serve.port}" in gone.stderr
+
+
+def _queue_without_redis_flags(serve: ServeProcess) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "PAGEDSERVE_REDIS_URL")}
+    return subprocess.run(
+        [PAGEDSERVE, "queue", "--port", str(serve.port), "--json"],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+
+
+def _private_socket_dir(commands: list[bytes]) -> Path:
+    """The scheduler and workers meet on ipc:// sockets in one 0700 directory, not on TCP."""
+    addresses = set()
+    for command in commands:
+        argv = command.split(b"\0")
+        if b"services.scheduler" in argv or b"services.gpu_worker" in argv:
+            assert b"--plan-port" not in argv and b"--result-port" not in argv, argv
+            addresses.add(argv[argv.index(b"--plan-address") + 1].decode())
+    (address,) = addresses
+    assert address.startswith("ipc://"), address
+    socket_dir = Path(address.removeprefix("ipc://")).parent
+    assert stat.S_IMODE(socket_dir.stat().st_mode) == 0o700
+    return socket_dir
 
 
 @pytest.mark.slow
-def test_a_dead_worker_is_reported_and_everything_stops(model_dir: Path, serve_factory) -> None:
+def test_a_dead_worker_is_restarted_and_a_crash_loop_stops_everything(
+    model_dir: Path, serve_factory
+) -> None:
     """Also the path with a Redis of the user's (--redis-url): serve must leave it running."""
     with RedisServer(free_port()) as redis_server:
         serve = ServeProcess("--model", str(model_dir), "--redis-url", redis_server.url,
@@ -154,22 +193,56 @@ def test_a_dead_worker_is_reported_and_everything_stops(model_dir: Path, serve_f
         commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serve.child_pids]
         assert not any(b"redis-server" in command for command in commands)
         assert serve.redis_args() == ["--redis-url", redis_server.url, "--namespace", "mine"]
-        _kill_worker_and_check(serve)
+        first_worker = _worker_pid(serve)
+        os.kill(first_worker, signal.SIGKILL)
+        _wait_for_log(serve, "restarted worker0 (pid")
+        log = serve.log()
+        assert f"worker0 (pid {first_worker}) was killed by signal 9" in log
+        assert "its last log lines:" in log and "worker 0 ready" in log
+        _wait_for_health(serve)  # until the new worker attached, new requests get a 503
+        after = Stream(serve.base_url, "after the restart", 6)  # served by the new worker
+        after.thread.join(timeout=180)
+        assert after.error is None and after.finish_reasons() == ["length"], after.events[-2:]
+        metrics = httpx.get(f"{serve.base_url}/metrics", timeout=10).text
+        assert 'pagedserve:process_restarts_total{process="worker0"} 1.0' in metrics
+        _kill_worker_until_serve_gives_up(serve)
         client = redis.Redis.from_url(redis_server.url)
         assert client.ping()  # not ours to stop
         client.close()
 
 
-def _kill_worker_and_check(serve: ServeProcess) -> None:
-    worker_pid = next(
-        pid for pid in serve.child_pids
-        if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
-    )  # fmt: skip
-    os.kill(worker_pid, signal.SIGKILL)
+def _worker_pid(serve: ServeProcess) -> int:
+    for pid in serve.descendants():
+        with contextlib.suppress(OSError):
+            if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                return pid
+    raise AssertionError(f"no worker running:\n{serve.log()}")
+
+
+def _wait_for_health(serve: ServeProcess, timeout_s: float = 180) -> None:
+    deadline = time.monotonic() + timeout_s
+    while httpx.get(f"{serve.base_url}/health", timeout=10).status_code != 200:
+        assert time.monotonic() < deadline, f"/health not 200 within {timeout_s} s:\n{serve.log()}"
+        time.sleep(0.5)
+
+
+def _wait_for_log(serve: ServeProcess, text: str, count: int = 1, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while serve.log().count(text) < count:
+        assert serve.proc is not None and serve.proc.poll() is None, serve.log()
+        assert time.monotonic() < deadline, f"no {text!r} x{count} in:\n{serve.log()}"
+        time.sleep(0.1)
+
+
+def _kill_worker_until_serve_gives_up(serve: ServeProcess) -> None:
+    """Four more deaths within 60 s make five: a crash loop, and serve stops (exit 1)."""
+    for restarts in range(2, 6):
+        serve.child_pids |= serve.descendants()
+        os.kill(_worker_pid(serve), signal.SIGKILL)
+        if restarts < 5:
+            _wait_for_log(serve, "restarted worker0 (pid", count=restarts)
     assert serve.wait(timeout_s=90) == 1
-    log = serve.log()
-    assert f"worker0 (pid {worker_pid}) was killed by signal 9" in log
-    assert "its last log lines:" in log and "worker 0 ready" in log
+    assert "worker0 died 5 times within 60 s: a crash loop" in serve.log()
     assert_nothing_left(serve)
 
 

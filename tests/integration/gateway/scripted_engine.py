@@ -6,6 +6,7 @@ What it answers depends on markers in the decoded prompt:
     [error:<code>]  one delta with finish_reason "error" and that error_code
     [error-after:<code>]  two tokens of `reply`, then the error
     [hang]          nothing until aborted (for disconnect tests)
+    [eos]           after `reply`, the EOS token as a stop token (not shown, counted)
     anything else   `reply` tokenized, one token per delta, up to max_tokens
 """
 
@@ -25,6 +26,7 @@ from shared.protocol import (
     AbortRequest,
     GenerateRequest,
     OutputBatch,
+    PromptLogprobs,
     ProtocolError,
     TokenDelta,
     decode,
@@ -105,6 +107,8 @@ class ScriptedEngine:
         self.redis.xdel(self.keys.requests, entry_id)
 
     def _answer(self, entry_id: bytes, request: GenerateRequest) -> None:
+        # what the real scheduler records on first scheduling (queue/prefill time metrics)
+        self.redis.hset(self.keys.request(request.request_id), "scheduled_at", time.time())
         prompt = self.tokenizer.decode(request.prompt_token_ids)
         num_prompt = len(request.prompt_token_ids)
         error = re.search(r"\[error:(\w+)\]", prompt)
@@ -132,12 +136,22 @@ class ScriptedEngine:
         reply_ids = self.tokenizer.encode(self.reply, add_special_tokens=False)
         limit = request.sampling.max_tokens
         ids = reply_ids[:limit]
+        prompt_logprobs = scripted_prompt_logprobs(request)
+        ends_with_eos = "[eos]" in self.tokenizer.decode(request.prompt_token_ids)
+        if limit == 0:  # prompt only: done after the prefill
+            self._send(request.gateway_id, TokenDelta(
+                request.request_id, [], finish_reason="length", num_prompt_tokens=num_prompt,
+                prompt_logprobs=prompt_logprobs,
+            ))  # fmt: skip
+            return
         k = request.sampling.logprobs
         for i, token_id in enumerate(ids):
             if request.request_id in self._aborted or self._stop.is_set():
                 return
             last = i == len(ids) - 1
             reason = None if not last else ("length" if len(reply_ids) > limit else "stop")
+            if ends_with_eos and reason == "stop":
+                reason = None  # the EOS delta below ends it
             logprobs = top = None
             if k is not None:  # the sampled token first, then made-up alternatives
                 logprobs = [-0.5 - i / 10]
@@ -147,5 +161,27 @@ class ScriptedEngine:
                 request.request_id, [token_id], logprobs=logprobs, top_logprobs=top,
                 finish_reason=reason, num_prompt_tokens=num_prompt, num_output_tokens=i + 1,
                 num_cached_tokens=min(self.num_cached_tokens, num_prompt),
+                prompt_logprobs=prompt_logprobs if i == 0 else None,
             ))  # fmt: skip
             time.sleep(self.token_delay_s)
+        if ends_with_eos and len(ids) == len(reply_ids):
+            self._send(request.gateway_id, TokenDelta(
+                request.request_id, [], finish_reason="stop", num_prompt_tokens=num_prompt,
+                num_output_tokens=len(ids) + 1, stop_token_id=SCRIPTED_EOS,
+            ))  # fmt: skip
+
+
+SCRIPTED_EOS = 2  # SmolLM2's <|im_end|>
+
+
+def scripted_prompt_logprobs(request: GenerateRequest) -> PromptLogprobs | None:
+    """Made-up prompt logprobs: position i gets -1 - i/10, rank i + 1, and k alternatives."""
+    k = request.sampling.prompt_logprobs
+    if k is None:
+        return None
+    num = len(request.prompt_token_ids) - 1
+    return PromptLogprobs(
+        [-1.0 - i / 10 for i in range(num)],
+        [i + 1 for i in range(num)],
+        [[(100 + j, -0.25 - j / 10) for j in range(k)] for _ in range(num)],
+    )

@@ -64,7 +64,10 @@ def test_too_long_prompt_says_both_numbers(gateway, info):
     with gateway.client() as c:
         r = c.post("/v1/completions", json={"prompt": [5] * 200, "max_tokens": 100})
     error = error_of(r, 400)
-    assert "200 prompt tokens + 100" in error["message"] and "256" in error["message"]
+    assert error["message"].startswith(  # vLLM's words, which LangChain and LiteLLM parse
+        "This model's maximum context length is 256 tokens. However, you requested 300 "
+        "tokens (200 in the messages, 100 in the completion)."
+    )
     assert error["param"] == "max_tokens"
 
 
@@ -78,7 +81,10 @@ def test_chat_too_long_names_the_parameter_used(gateway):
         assert error_of(r, 400)["param"] == "max_tokens"
         body = {"messages": short, "max_completion_tokens": 250}
         error = error_of(c.post("/v1/chat/completions", json=body), 400)
-        assert error["param"] == "max_completion_tokens" and "+ 250" in error["message"]
+        assert (
+            error["param"] == "max_completion_tokens"
+            and "250 in the completion" in error["message"]
+        )
 
 
 def test_oversized_body_is_413(gateway):

@@ -96,3 +96,18 @@ def test_metrics_names_and_values(gateway):
     assert 'vllm:request_success_total{finished_reason="length"' in text
     assert 'vllm:request_success_total{finished_reason="stop"' in text
     assert "# TYPE vllm:request_queue_time_seconds histogram" in text
+
+
+def test_metrics_count_the_restarts_serve_published(gateway):
+    keys = RedisKeys(gateway.config.namespace)
+    r = redis.Redis.from_url(gateway.config.redis_url)
+    try:
+        with gateway.client() as c:
+            assert "pagedserve:process_restarts_total{" not in c.get("/metrics").text
+            r.hset(keys.process_restarts, mapping={"worker0": 2, "redis": 1})
+            text = c.get("/metrics").text
+    finally:
+        r.delete(keys.process_restarts)
+        r.close()
+    assert 'pagedserve:process_restarts_total{process="worker0"} 2.0' in text
+    assert 'pagedserve:process_restarts_total{process="redis"} 1.0' in text

@@ -55,10 +55,12 @@ def test_module_entry_point(redis_url, model_dir):
             assert r.status_code == 400 and "512" in r.json()["error"]["message"]
             # No engine runs: the request waits in the queue; check what was queued.
             with pytest.raises(httpx.ReadTimeout):
-                c.post("/v1/completions", json={"prompt": "hi"}, headers=headers, timeout=1)
+                body = {"messages": [{"role": "user", "content": "hi"}]}
+                c.post("/v1/chat/completions", json=body, headers=headers, timeout=1)
         queued = redis.Redis.from_url(redis_url).xrange("maintest:requests")
         (request,) = [decode(fields[b"m"]) for _, fields in queued]
         assert request.sampling.eos_token_ids == (2, 7)  # tokenizer + generation_config.json
+        # chat without max_tokens: what the context leaves (completions default to 16)
         assert request.sampling.max_tokens == 512 - len(request.prompt_token_ids)
     finally:
         process.terminate()

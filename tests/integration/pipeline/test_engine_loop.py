@@ -8,6 +8,7 @@ import asyncio
 import threading
 import time
 import uuid
+from dataclasses import replace
 
 import pytest
 import redis
@@ -29,6 +30,7 @@ from shared.protocol import (
     decode,
     encode,
 )
+from shared.status import EngineStatus, from_fields
 from tests.integration.conftest import RedisServer, free_port
 
 pytestmark = pytest.mark.integration
@@ -45,13 +47,19 @@ class FakeModel:
     block_size = 16
     max_model_len = 128
     max_num_batched_tokens = 2048
+    vocab_size = 1000
 
-    def __init__(self, step_delay_s: float = 0.0) -> None:
+    def __init__(self, step_delay_s: float = 0.0, first_step_delay_s: float = 0.0) -> None:
         self.step_delay_s = step_delay_s
+        self.first_step_delay_s = first_step_delay_s  # one slow step (a big prefill, a compile)
         self.seqs: dict[str, int] = {}  # seq id -> number of known tokens
 
+    def drop_all(self) -> None:
+        self.seqs.clear()
+
     def execute(self, plan: StepPlan) -> StepResult:
-        time.sleep(self.step_delay_s)
+        time.sleep(self.step_delay_s + self.first_step_delay_s)
+        self.first_step_delay_s = 0.0
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)
         sampled = []
@@ -72,7 +80,9 @@ class EngineHarness:
     """An EngineLoop in its own thread (own event loop) and a WorkerLoop in another."""
 
     def __init__(self, redis_url: str, namespace: str, engine_id: str = "e1",
-                 step_delay_s: float = 0.0, max_waiting: int = 4096) -> None:  # fmt: skip
+                 step_delay_s: float = 0.0, max_waiting: int = 4096,
+                 worker_timeout_s: float = 5.0,
+                 model: FakeModel | None = None) -> None:  # fmt: skip
         plan_port, result_port = free_port(), free_port()
         self.engine = EngineLoop(
             EngineLoopConfig(
@@ -80,12 +90,12 @@ class EngineHarness:
                 plan_address=f"tcp://127.0.0.1:{plan_port}",
                 result_address=f"tcp://127.0.0.1:{result_port}",
                 scheduler_config=SchedulerConfig(max_model_len=128, max_waiting=max_waiting),
-                cache_config=CacheConfig(block_size=16), worker_timeout_s=5.0,
+                cache_config=CacheConfig(block_size=16), worker_timeout_s=worker_timeout_s,
                 gateway_check_interval_s=0.5,
             )
         )  # fmt: skip
         self.worker = WorkerLoop(
-            FakeModel(step_delay_s), 0, 1, f"tcp://127.0.0.1:{plan_port}",
+            model or FakeModel(step_delay_s), 0, 1, f"tcp://127.0.0.1:{plan_port}",
             f"tcp://127.0.0.1:{result_port}", "fake",
         )  # fmt: skip
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -105,7 +115,7 @@ class EngineHarness:
 
     def wait_ready(self, timeout_s: float = 10.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while self.engine.scheduler is None:
+        while self.engine.serving is None:
             assert time.monotonic() < deadline, "the engine never attached its worker"
             time.sleep(0.02)
 
@@ -304,3 +314,63 @@ def test_the_engine_rides_out_a_redis_restart():
     finally:
         harness.stop()
         server.stop()
+
+
+def test_a_step_longer_than_the_heartbeat_timeout_completes_without_recovery(redis_url, namespace):
+    # The worker heartbeats every second from its own thread while the 4 s step computes;
+    # only silence (2.5 s without any message) would make it lost.
+    harness = EngineHarness(
+        redis_url, namespace, worker_timeout_s=2.5, model=FakeModel(first_step_delay_s=4.0)
+    )
+    try:
+        harness.wait_ready()
+        client = Client(redis_url, namespace)
+        client.submit("slow", max_tokens=3)
+        done = client.finished(["slow"], timeout_s=30)
+        assert done["slow"].finish_reason == "length"
+        assert [t for d in client.deltas["slow"] for t in d.token_ids] == [TOKEN] * 3
+        serving = harness.engine.serving
+        assert serving is not None and serving.scheduler.stats().num_preemptions == 0
+        assert harness.engine.link.lost_reason is None and harness.engine.link.is_ready
+    finally:
+        harness.stop()
+
+
+def test_a_malformed_request_is_answered_and_acked_and_its_batch_mates_are_served(
+    engine, redis_url, namespace
+):
+    client = Client(redis_url, namespace)
+    good = client.submit("good", max_tokens=3)
+    bad_prompt = replace(good, request_id="bad-token", prompt_token_ids=[3, 4, 5000])
+    bad_sampling = replace(
+        good, request_id="bad-temp", sampling=replace(good.sampling, temperature=float("nan"))
+    )
+    for request in (bad_prompt, bad_sampling):
+        client.redis.xadd(client.keys.requests, {"m": encode(request)})
+    client.redis.xadd(client.keys.requests, {"m": b"not msgpack"})  # nobody to answer: ACKed
+    done = client.finished(["good", "bad-token", "bad-temp"])
+    assert done["good"].finish_reason == "length"
+    assert done["bad-token"].error_code == ERROR_INVALID_REQUEST
+    assert "[5000] are outside the vocabulary [0, 1000)" in done["bad-token"].error
+    assert done["bad-temp"].error_code == ERROR_INVALID_REQUEST
+    assert "temperature must be a finite number" in done["bad-temp"].error
+    deadline = time.monotonic() + 10
+    while client.redis.xlen(client.keys.requests):  # every entry ACKed and deleted
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    client.submit("after", max_tokens=2)
+    assert client.finished(["after"])["after"].finish_reason == "length"
+
+
+def test_the_engine_status_is_current_when_a_request_finishes(engine, redis_url, namespace):
+    """The gauges are written with the step's deltas: when the gateway reads a request's
+    last delta, the engine status already counts it as finished (was up to 1 s stale)."""
+    client = Client(redis_url, namespace)
+    for round_ in range(3):
+        client.submit(f"s{round_}", max_tokens=2)
+        client.finished([f"s{round_}"])
+        fields = client.redis.hgetall(client.keys.engine("e1"))
+        status = from_fields(EngineStatus, fields)
+        assert status.num_running == 0 and status.num_waiting == 0, status
+        assert status.num_free_blocks == status.num_total_blocks == FakeModel.num_blocks
+        assert status.num_finished == round_ + 1

@@ -1,6 +1,6 @@
 """The takeover and integrity pieces in-process, in about a second each: `claim_abandoned`
 against a real Redis (dead vs live consumers, idle bound, clean-up), and the engine loop's
-idle integrity check flagging a broken scheduler without stopping."""
+idle integrity check (the status reporter's) flagging a broken scheduler without stopping."""
 
 from __future__ import annotations
 
@@ -11,12 +11,15 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
+from services.scheduler.backoff import RedisBackoff
+from services.scheduler.ledger import Ledger
+from services.scheduler.outbox import Outbox
 from services.scheduler.redis_io import RedisIO
-from shared.config import CacheConfig, SchedulerConfig
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.status_reporter import StatusReporter
+from services.scheduler.worker_link import WorkerLink
 from shared.keys import ENGINE_GROUP, RedisKeys
 from shared.protocol import GenerateRequest, SamplingParams, encode
-from tests.integration.conftest import free_port
 from tests.unit.scheduler.helpers import make_scheduler
 
 pytestmark = pytest.mark.integration
@@ -71,32 +74,34 @@ def test_only_dead_engines_entries_are_claimed_once_idle(redis_url: str) -> None
     asyncio.run(scenario())
 
 
+def make_status_reporter() -> tuple[StatusReporter, Scheduler, WorkerLink]:
+    """A status reporter over a real Scheduler; Redis and the workers are never contacted."""
+    scheduler = make_scheduler()
+    io = RedisIO(aioredis.Redis.from_url("redis://127.0.0.1:1/0"), RedisKeys("x"), "engine-x")
+    link = WorkerLink("tcp://127.0.0.1:1", "tcp://127.0.0.1:2", 1, 16)
+    ledger = Ledger(scheduler, Outbox(io, RedisBackoff()), "engine-x")
+    return StatusReporter(io, link, scheduler, ledger, asyncio.Event()), scheduler, link
+
+
 def test_a_failed_integrity_check_is_logged_and_flagged_not_fatal(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    config = EngineLoopConfig(
-        engine_id="engine-x", redis_url="redis://127.0.0.1:1/0", namespace="x",
-        plan_address=f"tcp://127.0.0.1:{free_port()}",
-        result_address=f"tcp://127.0.0.1:{free_port()}",
-        scheduler_config=SchedulerConfig(), cache_config=CacheConfig(),
-    )  # fmt: skip
-    loop = EngineLoop(config)
-    loop.scheduler = make_scheduler()
-    loop._check_integrity()
-    status = loop._engine_status(workers_alive=True)
+    reporter, scheduler, link = make_status_reporter()
+    reporter.check_integrity()
+    status = reporter.status(workers_alive=True)
     assert status.integrity_ok and status.integrity_checked_at > 0
 
-    loop.scheduler.kv.pool.blocks[0].ref_count = 5  # a leaked reference: an invariant broken
+    scheduler.kv.pool.blocks[0].ref_count = 5  # a leaked reference: an invariant broken
     before = time.time()
     with caplog.at_level(logging.ERROR):
-        loop._check_integrity()
-        loop._check_integrity()  # logged once, not at every check
-    status = loop._engine_status(workers_alive=True)
+        reporter.check_integrity()
+        reporter.check_integrity()  # logged once, not at every check
+    status = reporter.status(workers_alive=True)
     assert not status.integrity_ok and status.integrity_checked_at >= before
     assert [r.message for r in caplog.records].count(caplog.records[0].message) == 1
     assert caplog.records[0].message.startswith("integrity check failed")
 
-    loop.scheduler.kv.pool.blocks[0].ref_count = 0  # repaired: the flag clears
-    loop._check_integrity()
-    assert loop._engine_status(workers_alive=True).integrity_ok
-    loop.link._context.term()
+    scheduler.kv.pool.blocks[0].ref_count = 0  # repaired: the flag clears
+    reporter.check_integrity()
+    assert reporter.status(workers_alive=True).integrity_ok
+    link._context.term()

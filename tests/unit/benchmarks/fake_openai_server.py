@@ -1,6 +1,8 @@
 """A stand-in OpenAI-compatible server on loopback for `pagedserve bench` tests: `/health` and
 a streaming `/v1/completions` that answers `max_tokens` one-word chunks at once and records
-every prompt it was sent, in arrival order. No model, so a sweep takes milliseconds."""
+every prompt it was sent, in arrival order (and every request body). No model, so a sweep
+takes milliseconds. `send_done=False` ends streams without `data: [DONE]`, as `transformers
+serve` does."""
 
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ class _Handler(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         with self.server.lock:
             self.server.prompts.append(body["prompt"])
+            self.server.bodies.append(body)
         events = [{"choices": [{"index": 0, "text": " x", "finish_reason": None}]}]
         events *= body["max_tokens"]
         usage = {
@@ -29,7 +32,9 @@ class _Handler(BaseHTTPRequestHandler):
             "completion_tokens": body["max_tokens"],
         }
         events.append({"choices": [], "usage": usage})
-        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events) + "data: [DONE]\n\n"
+        stream = "".join(f"data: {json.dumps(e)}\n\n" for e in events)
+        if self.server.send_done:
+            stream += "data: [DONE]\n\n"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()  # HTTP/1.0: the stream ends when the connection closes
@@ -43,8 +48,10 @@ class _Handler(BaseHTTPRequestHandler):
 class _RecordingServer(ThreadingHTTPServer):
     daemon_threads = True
 
-    def __init__(self) -> None:
+    def __init__(self, send_done: bool = True) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
+        self.send_done = send_done
+        self.bodies: list[dict] = []
         self.prompts: list[str] = []
         self.lock = threading.Lock()
 
@@ -55,8 +62,8 @@ class _RecordingServer(ThreadingHTTPServer):
 
 
 @contextmanager
-def fake_openai_server() -> Iterator[_RecordingServer]:
-    server = _RecordingServer()
+def fake_openai_server(send_done: bool = True) -> Iterator[_RecordingServer]:
+    server = _RecordingServer(send_done)
     # A short poll interval: shutdown() waits for the loop's next poll.
     thread = threading.Thread(
         target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.kv_memory import KVSnapshot, kv_report, run_engine
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.workload import BenchRequest
 from services.engine import LLMEngine
 from shared.config import CacheConfig, SchedulerConfig
 

@@ -4,7 +4,7 @@ import pytest
 
 from benchmarks.kv_memory import run_engine
 from benchmarks.pipeline_overhead import compare, in_process_run, mean_of_runs
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.workload import BenchRequest
 from services.engine import LLMEngine
 from shared.config import CacheConfig, SchedulerConfig
 

@@ -58,6 +58,7 @@ def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--max-num-batched-tokens", "0"], "max-num-batched-tokens must be >= 1, got 0"),
         (["--kv-cache-memory", "0"], "--kv-cache-memory must be >= 1 byte, got 0"),
         (["--api-key", ""], "--api-key must not be empty"),
+        (["--engine-loss-timeout", "0"], "--engine-loss-timeout must be > 0, got 0.0"),
     ],
 )
 def test_bad_values_name_the_flag_and_the_bound(argv, message) -> None:
@@ -169,3 +170,27 @@ def test_no_api_key_means_none_inherited(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.setenv("PAGEDSERVE_API_KEY", "leaked")
     plan = plan_launch(ServeOptions(), "/m", "redis://x:1/0", PORTS)
     assert "PAGEDSERVE_API_KEY" not in plan.gateways[0].env
+
+
+def test_children_wait_for_a_restarted_engine_longer_than_their_own_defaults() -> None:
+    """serve restarts a dead engine process, so open requests are kept for 120 s (a worker's
+    restart reloads torch and the model) instead of the services' own 30 s / 60 s."""
+    for argv, wait_s in (((), 120.0), (("--engine-loss-timeout", "45",
+                                         "--worker-recovery-timeout", "50"), None)):  # fmt: skip
+        plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
+        scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+        gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+        expected = (wait_s, wait_s) if wait_s else (50.0, 45.0)
+        assert (scheduler.worker_recovery_timeout, gateway.engine_loss_timeout) == expected
+
+
+def test_a_restarted_gateway_takes_a_new_id_on_the_same_port() -> None:
+    from services.cli.launch_plan import gateway_spec
+
+    options = parse("--num-gateways", "2", "--port", "9000")
+    first, again = (gateway_spec(options, "/m", "redis://x:1/0", 9001, 1, g) for g in (0, 2))
+    ids = [
+        parse_service_args("services.gateway", s.argv[3:], {}).gateway_id for s in (first, again)
+    ]
+    assert ids == [f"{options.engine_id}-gateway1", f"{options.engine_id}-gateway1-r2"]
+    assert parse_service_args("services.gateway", again.argv[3:], {}).port == 9001

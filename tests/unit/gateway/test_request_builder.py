@@ -31,10 +31,25 @@ def test_fan_out_n_with_seeds(info):
         r.sampling.validate()
 
 
-def test_default_max_tokens_fills_the_model(info):
+def test_default_max_tokens_is_16_for_completions_and_the_rest_for_chat(info):
     (request,) = build(info, temperature=0)
-    assert request.sampling.max_tokens == info.max_model_len - len(request.prompt_token_ids)
+    assert request.sampling.max_tokens == 16  # OpenAI's legacy completions and vLLM
     assert request.sampling.seed is None  # greedy: nothing to reproduce
+    parsed = parse_chat_request({"messages": [{"role": "user", "content": "hello"}]})
+    (prompt,) = tokenize_chat(parsed, info)
+    (chat,) = engine_requests("c", [prompt], parsed.sampling, info, "gw")
+    assert chat.sampling.max_tokens == info.max_model_len - len(prompt.token_ids)
+
+
+def test_max_tokens_0_stays_0(info):
+    (request,) = build(info, max_tokens=0)
+    assert request.sampling.max_tokens == 0
+    request.sampling.validate()
+
+
+def test_negative_and_large_seeds_are_distinct_int64(info):
+    seeds = {build(info, seed=s, temperature=1)[0].sampling.seed for s in (-1, 2**63 - 1, 0)}
+    assert len(seeds) == 3 and all(0 <= s < 2**64 for s in seeds)
 
 
 def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
@@ -42,7 +57,7 @@ def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
     first = build(info, n=3, temperature=0.8, max_tokens=5)
     second = build(info, n=3, temperature=0.8, max_tokens=5)
     seeds = [r.sampling.seed for r in first + second]
-    assert all(seed is not None and 0 <= seed < 2**63 for seed in seeds)
+    assert all(seed is not None and 0 <= seed < 2**64 for seed in seeds)
     assert len(set(seeds)) == 6  # choices differ, and so do requests
 
 
@@ -51,11 +66,16 @@ def test_too_long_says_both_numbers(info):
         build(info, max_tokens=info.max_model_len)
     message = error.value.message
     assert error.value.status == 400 and error.value.param == "max_tokens"
-    assert str(info.max_model_len) in message and "prompt tokens" in message
+    num_prompt = len(info.tokenizer.encode("hi there"))
+    assert message.startswith(
+        f"This model's maximum context length is {info.max_model_len} tokens. However, you "
+        f"requested {num_prompt + info.max_model_len} tokens ({num_prompt} in the messages, "
+        f"{info.max_model_len} in the completion)."
+    )
 
 
 def test_prompt_alone_too_long(info):
-    with pytest.raises(APIError, match="maximum context length of 256"):
+    with pytest.raises(APIError, match="maximum context length is 256 tokens"):
         build(info, prompt=[5] * info.max_model_len)
 
 

@@ -158,12 +158,14 @@ def test_inverse_cdf_never_picks_a_token_without_mass_at_either_end():
 
 
 def full_sort_top_k_top_p(logits, top_k, top_p):
-    """The definition: sort each whole row, keep ranks < top_k and the smallest top_p set."""
+    """The definition: sort each whole row, keep ranks < top_k, then the smallest set of those
+    whose mass, renormalized over what top_k kept, reaches top_p."""
     out = torch.full_like(logits, float("-inf"))
     for i, (k, p) in enumerate(zip(top_k, top_p, strict=True)):
         values, order = logits[i].sort(descending=True)
-        probs = values.softmax(-1)
-        keep = ((probs.cumsum(-1) - probs) <= p) & (torch.arange(len(values)) < k)
+        in_k = torch.arange(len(values)) < k
+        probs = values.masked_fill(~in_k, float("-inf")).softmax(-1)
+        keep = in_k & (((probs.cumsum(-1) - probs) < p) | (p >= 1.0))
         keep[0] = True
         out[i, order[keep]] = values[keep]
     return out
@@ -179,3 +181,27 @@ def test_top_k_top_p_on_candidates_equals_the_full_sort(monkeypatch):
     top_p = [0.9, 1.0, 0.5, 0.95, 0.99, 1.0, 0.2, 0.999, 0.9, 0.7, 0.6, 0.3]
     expected = full_sort_top_k_top_p(logits, top_k, top_p)
     assert torch.equal(sampler.apply_top_k_top_p(logits, top_k, top_p), expected)
+
+
+def test_top_k_0_means_disabled_in_the_engine_api():
+    SamplingParams(top_k=0).validate()
+    logits = make_logits()
+    assert len(set(draw(logits, 3000, temperature=5.0, top_k=0))) > 30
+
+
+def test_temperature_below_1e_5_is_greedy():
+    logits = make_logits(batch=2, seed=3)
+    rows = [row(temperature=1e-6), row(temperature=9e-6)]
+    assert all(r.params.is_greedy for r in rows)
+    assert sample(logits, rows).token_ids == logits.argmax(-1).tolist()
+    assert not SamplingParams(temperature=1e-5).is_greedy
+
+
+def test_logit_bias_is_added_before_sampling_and_logprobs_stay_raw():
+    logits = make_logits()
+    worst = int(logits[0].argmin())
+    out = sample(logits, [row(temperature=0, logit_bias=((worst, 100.0),), logprobs=0)])
+    assert out.token_ids == [worst]
+    assert out.logprobs[0] == pytest.approx(float(logits[0].log_softmax(-1)[worst]), abs=1e-5)
+    banned = int(logits[0].argmax())
+    assert banned not in draw(logits, 500, logit_bias=((banned, -100.0),))

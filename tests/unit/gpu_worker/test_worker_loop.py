@@ -29,9 +29,13 @@ class FakeRunner:
     block_size = 16
     max_model_len = 128
     max_num_batched_tokens = 512
+    vocab_size = 1000
 
     def __init__(self) -> None:
         self.seqs: dict[str, NewSequence] = {}
+
+    def drop_all(self) -> None:
+        self.seqs.clear()
 
     def execute(self, plan: StepPlan) -> StepResult:
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
@@ -67,7 +71,7 @@ class Harness:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if heartbeat_epoch is not None:
-                self.publisher.send(Heartbeat(f"scheduler:{heartbeat_epoch}", time.time()))
+                self.publisher.send(Heartbeat.from_scheduler(heartbeat_epoch, -1))
             message = self.puller.recv(timeout_s=0.05)
             if isinstance(message, kind):
                 return message
@@ -96,7 +100,8 @@ def harness():
 
 
 def test_heartbeats_flow_but_no_hello_before_a_scheduler_heartbeat(harness):
-    assert harness.next_of(Heartbeat).sender == "worker:0"
+    heartbeat = harness.next_of(Heartbeat)
+    assert (heartbeat.role, heartbeat.rank) == ("worker", 0)
     assert harness.no_message_of(WorkerHello, within_s=0.3)
 
 

@@ -1,11 +1,13 @@
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from services.scheduler.errors import QueueFullError, RequestRejectedError
 from services.scheduler.scheduler import Scheduler
 from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import SamplingParams, StepResult
+from shared.protocol import GenerateRequest, SamplingParams, StepResult
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 
@@ -353,6 +355,39 @@ def test_priority_policy_admits_lower_priority_value_first() -> None:
     assert [n.seq_id for n in s.schedule().new_seqs] == ["urgent"]
 
 
+def test_priority_preemption_evicts_the_lowest_priority_even_if_already_planned() -> None:
+    """vLLM's rule: the victim is the running request with the largest (priority, arrival),
+    here the low-priority one that arrived first and was already planned this step."""
+    s = make_scheduler(num_blocks=5, block_size=4, policy="priority")
+    w = FakeWorker(5, 4)
+    s.add_request(make_request("low", 7, max_tokens=8, priority=5))
+    run_step(s, w)  # low: 2 blocks, 8 tokens known
+    s.add_request(make_request("high", [200 + i for i in range(7)], max_tokens=8, priority=0))
+    run_step(s, w)  # high: 2 blocks (no prefix shared); 1 block left
+    plan, _ = run_step(s, w)  # low's 9th token takes the last block
+    assert plan.preempted_seq_ids == [] and s.kv.num_free_blocks == 0
+    plan, deltas = run_step(s, w)  # high needs a 3rd block: low goes, high keeps running
+    assert plan.preempted_seq_ids == ["low"]
+    assert [c.seq_id for c in plan.cached_seqs] == ["high"]
+    assert [d.request_id for d in deltas] == ["high"]
+    assert s.get_request("low").num_preemptions == 1
+    assert s.get_request("high").num_preemptions == 0
+    assert [r.request_id for r in s.running] == ["high"]
+
+
+def test_fcfs_preemption_still_evicts_the_newest() -> None:
+    s = make_scheduler(num_blocks=5, block_size=4)
+    w = FakeWorker(5, 4)
+    s.add_request(make_request("old", 7, max_tokens=8, priority=5))
+    run_step(s, w)
+    s.add_request(make_request("new", [200 + i for i in range(7)], max_tokens=8, priority=0))
+    run_step(s, w)
+    run_step(s, w)
+    plan, _ = run_step(s, w)
+    assert plan.preempted_seq_ids == ["new"]
+    assert [r.request_id for r in s.running] == ["old"]
+
+
 @pytest.mark.parametrize(
     ("request_kwargs", "message"),
     [
@@ -367,7 +402,7 @@ def test_priority_policy_admits_lower_priority_value_first() -> None:
             r"whole cache has 8",
         ),
         (dict(prompt_token_ids=[], max_tokens=1), "the prompt is empty"),
-        (dict(prompt_token_ids=2, max_tokens=0), "max_tokens must be >= 1, got 0"),
+        (dict(prompt_token_ids=2, max_tokens=-1), "max_tokens must be >= 0, got -1"),
         (dict(prompt_token_ids=2, top_p=0.0), r"top_p must be in \(0, 1\], got 0.0"),
     ],
 )
@@ -419,3 +454,56 @@ def test_stats_and_timeline() -> None:
 
 def test_sampling_params_default_is_valid() -> None:
     SamplingParams().validate()
+
+
+def bad_request(**fields: object) -> GenerateRequest:
+    """A request as a buggy or hostile writer might put it in Redis: no dataclass checks."""
+    request = make_request("bad", 3)
+    sampling = fields.pop("sampling", {})
+    if sampling:
+        request = replace(request, sampling=replace(request.sampling, **sampling))
+    return replace(request, **fields)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        (
+            dict(prompt_token_ids=[1, 50_000]),
+            r"prompt token ids \[50000\] are outside the "
+            r"vocabulary \[0, 1000\)",
+        ),
+        (dict(prompt_token_ids=[1, -3]), r"\[-3\] are outside the vocabulary"),
+        (dict(prompt_token_ids=[1, "2"]), "prompt_token_ids must be a list of integers"),
+        (dict(prompt_token_ids="abc"), "prompt_token_ids must be a list of integers"),
+        (dict(priority="high"), "priority must be an integer"),
+        (dict(sampling=dict(temperature=float("nan"))), "temperature must be a finite number"),
+        (dict(sampling=dict(top_p="0.5")), "top_p must be a finite number"),
+        (dict(sampling=dict(max_tokens=2.5)), "max_tokens must be a 64-bit integer"),
+        (dict(sampling=dict(seed=1 << 70)), "seed must be a 64-bit integer"),
+        (dict(sampling=dict(stop_token_ids=(5, 4000))), r"stop_token_ids \[4000\] are outside"),
+        (dict(sampling=dict(ignore_eos=1)), "ignore_eos must be a boolean"),
+        (dict(sampling=dict(repetition_penalty=float("inf"))), "must be a finite number"),
+    ],
+)
+def test_the_engine_validates_every_field_whoever_wrote_the_request(
+    fields: dict, message: str
+) -> None:
+    s = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_model_len=64),
+        CacheConfig(block_size=4, num_blocks=8),
+        vocab_size=1000,
+    )
+    s.add_request(make_request("fine", 3))
+    with pytest.raises(RequestRejectedError, match=message):
+        s.add_request(bad_request(**fields))
+    assert [r.request_id for r in s.waiting] == ["fine"]  # the co-queued request is untouched
+    w = FakeWorker(8, 4)
+    _, deltas = run_step(s, w)
+    assert [d.request_id for d in deltas] == ["fine"]
+
+
+def test_a_negative_seed_is_a_valid_int64() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("seeded", 3, seed=-(1 << 63)))
+    assert s.has_unfinished_requests()

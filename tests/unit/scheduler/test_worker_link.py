@@ -1,6 +1,6 @@
 """The scheduler's worker link over real loopback sockets, with the test playing two worker
-ranks: readiness, refusals, adopting the workers' block size and token budget, results (stale
-ones dropped), and losing a rank."""
+ranks: readiness, refusals, adopting the workers' block size, results (stale ones dropped),
+losing a rank, and a long step that is not a loss while the rank heartbeats."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import time
 import pytest
 import zmq
 
+from services.scheduler.engine_shape import EngineShape
 from services.scheduler.worker_link import WorkerLink
+from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
 from shared.transport import PlanSubscriber, ResultPusher
 
@@ -37,7 +39,8 @@ class FakeRank:
         while time.monotonic() < deadline:
             message = self.subscriber.recv(timeout_s=0)
             if isinstance(message, Heartbeat):
-                return message.sender.partition(":")[2]
+                assert message.role == "scheduler"
+                return message.epoch
             await asyncio.sleep(0.02)
         raise AssertionError("no scheduler heartbeat")
 
@@ -51,7 +54,7 @@ class FakeRank:
         raise AssertionError("no plan")
 
     def beat(self) -> None:
-        self.pusher.send(Heartbeat(f"worker:{self.rank}", time.time()))
+        self.pusher.send(Heartbeat.from_worker(self.rank, -1))
 
     def close(self) -> None:
         self.subscriber.close()
@@ -69,11 +72,9 @@ async def with_link(
     scenario,
     worker_timeout_s: float = 10.0,
     block_size: int | None = 16,
-    max_num_batched_tokens: int | None = None,
 ) -> None:
     link = WorkerLink(ANY_PORT, ANY_PORT, world_size=2, block_size=block_size,
-                      worker_timeout_s=worker_timeout_s,
-                      max_num_batched_tokens=max_num_batched_tokens)  # fmt: skip
+                      worker_timeout_s=worker_timeout_s)  # fmt: skip
     link.start()
     context = zmq.Context()
     ranks = [FakeRank(context, link, r) for r in range(2)]
@@ -96,7 +97,8 @@ def test_ready_once_every_rank_said_hello_with_the_smallest_cache():
         assert not await link.wait_ready(0.3)
         ranks[1].pusher.send(hello(1, num_blocks=40))
         assert await link.wait_ready(2.0)
-        assert link.num_blocks == 40 and link.max_model_len == 512
+        shape = EngineShape.derive(link.hellos, SchedulerConfig(), CacheConfig())
+        assert shape.num_blocks == 40 and shape.max_model_len == 512
 
     asyncio.run(with_link(scenario))
 
@@ -128,43 +130,6 @@ def test_without_a_block_size_the_first_hello_sets_it_for_good(
     ]
     assert len(refusals) == 2
     assert all("block_size 16 != the scheduler's 8" in message for message in refusals)
-
-
-def test_without_a_token_budget_the_first_accepted_hello_sets_it_and_others_may_differ(
-    caplog: pytest.LogCaptureFixture,
-):
-    async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        assert link.max_num_batched_tokens is None
-        ranks[1].pusher.send(hello(1, block_size=32, max_num_batched_tokens=256))  # refused
-        assert not await link.wait_ready(0.3)
-        assert link.max_num_batched_tokens is None  # a refused hello sets nothing
-        ranks[1].pusher.send(hello(1, max_num_batched_tokens=512))
-        await until(lambda: link.max_num_batched_tokens is not None)
-        ranks[0].pusher.send(hello(0, max_num_batched_tokens=2048))  # accepted: only a budget
-        assert await link.wait_ready(2.0)
-        assert link.max_num_batched_tokens == 512
-        link.new_epoch()  # as after a lost worker: the adopted budget still holds
-        ranks[0].pusher.send(hello(0, max_num_batched_tokens=1024))
-        ranks[1].pusher.send(hello(1, max_num_batched_tokens=1024))
-        assert await link.wait_ready(2.0)
-        assert link.max_num_batched_tokens == 512
-
-    with caplog.at_level(logging.INFO, logger="services.scheduler.worker_link"):
-        asyncio.run(with_link(scenario))
-    adoptions = [r.getMessage() for r in caplog.records if "adopted" in r.getMessage()]
-    assert adoptions == ["max_num_batched_tokens 512: adopted from worker rank 1"]
-
-
-def test_an_explicit_token_budget_is_kept():
-    async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        ranks[0].pusher.send(hello(0, max_num_batched_tokens=512))
-        ranks[1].pusher.send(hello(1, max_num_batched_tokens=512))
-        assert await link.wait_ready(2.0)
-        assert link.max_num_batched_tokens == 4096
-
-    asyncio.run(with_link(scenario, max_num_batched_tokens=4096))
 
 
 def test_results_are_matched_to_their_step_and_stale_ones_dropped():
@@ -233,3 +198,23 @@ def test_no_result_in_time_is_a_loss():
         assert "no result for step 2 within 0.3s" in link.lost_reason
 
     asyncio.run(with_link(scenario))
+
+
+def test_a_step_longer_than_the_heartbeat_timeout_is_not_a_loss_while_ranks_heartbeat():
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        link.publish(StepPlan(3))
+        waiting = asyncio.create_task(link.wait_result(3, timeout_s=30.0))
+        for _ in range(20):  # 2 s of computing, 4x the heartbeat timeout: both ranks beat
+            for rank in ranks:
+                rank.beat()
+            await asyncio.sleep(0.1)
+        assert not waiting.done() and link.is_ready and link.lost_reason is None
+        ranks[0].pusher.send(StepResult(3, ["a"], [5]))
+        result = await asyncio.wait_for(waiting, 5)
+        assert result is not None and result.token_ids == [5]
+
+    asyncio.run(with_link(scenario, worker_timeout_s=0.5))

@@ -51,8 +51,9 @@ def make_plan() -> StepPlan:
         AbortRequest(["r1", "r2"], "client disconnected"),
         OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, None, 2, 2)]),
         StepResult(7, ["a", "b"], [10, 11], [-0.5, -1.0], [[[10, -0.5]], [[11, -1.0]]]),
-        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512),
-        Heartbeat("worker:0", 12.5, 3),
+        WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512, vocab_size=99),
+        Heartbeat(role="worker", time=12.5, step_id=3, rank=1),
+        Heartbeat(role="scheduler", time=12.5, step_id=4, epoch="abc123"),
         Shutdown("bye"),
     ],
 )
@@ -77,7 +78,7 @@ def test_unknown_tag_is_rejected():
 
 
 def test_wrong_field_count_is_rejected():
-    with pytest.raises(ProtocolError, match="Heartbeat needs 3 fields"):
+    with pytest.raises(ProtocolError, match="Heartbeat needs 5 fields"):
         decode(msgpack.packb(msgpack.ExtType(12, msgpack.packb([1]))))
 
 
@@ -96,8 +97,9 @@ def test_non_messages_are_not_encoded():
     [
         (SamplingParams(temperature=-1), "temperature must be >= 0"),
         (SamplingParams(top_p=0), "top_p must be in (0, 1]"),
-        (SamplingParams(top_k=0), "top_k must be -1"),
-        (SamplingParams(max_tokens=0), "max_tokens must be >= 1"),
+        (SamplingParams(top_k=-2), "top_k must be -1 or 0 (disabled)"),
+        (SamplingParams(max_tokens=-1), "max_tokens must be >= 0"),
+        (SamplingParams(prompt_logprobs=21), "prompt_logprobs must be in [0, 20]"),
         (SamplingParams(max_tokens=2, min_tokens=3), "min_tokens must be in [0, max_tokens=2]"),
         (SamplingParams(logprobs=21), "logprobs must be in [0, 20]"),
     ],
@@ -106,3 +108,21 @@ def test_sampling_params_say_what_is_wrong(params, message):
     with pytest.raises(ValueError) as info:
         params.validate()
     assert message in str(info.value)
+
+
+def test_new_fields_round_trip():
+    from shared.protocol import PromptLogprobs, StepResult, TokenDelta
+
+    params = SamplingParams(prompt_logprobs=2, logit_bias=((5, -1.5), (7, 100.0)), top_k=0)
+    params.validate()
+    assert decode(encode(params)) == params
+    prompt = PromptLogprobs([-1.0, -2.5], [1, 3], [[(4, -0.5)], [(9, -0.1), (3, -2.0)]])
+    delta = TokenDelta("r", [1], stop_token_id=2, prompt_logprobs=prompt)
+    back = decode(encode(delta))
+    assert back.prompt_logprobs.token_logprobs == [-1.0, -2.5]
+    assert [list(map(tuple, t)) for t in back.prompt_logprobs.top_logprobs] == [
+        [(4, -0.5)],
+        [(9, -0.1), (3, -2.0)],
+    ]
+    result = decode(encode(StepResult(3, ["r"], [1], prompt_logprobs=[prompt])))
+    assert result.prompt_logprobs[0].ranks == [1, 3]

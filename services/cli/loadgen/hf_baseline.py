@@ -19,18 +19,19 @@ from typing import Any
 
 import torch
 
-from benchmarks.latency_stats import distribution
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.latency_stats import distribution
+from services.cli.loadgen.workload import BenchRequest
 
 
 def load_hf_model(
-    model_dir: Path, dtype: torch.dtype, threads: int | None = None
+    model_dir: Path, dtype: torch.dtype, threads: int | None = None, device: str = "cpu"
 ) -> tuple[Any, Any | None]:
-    """The model, and its tokenizer when the directory has one (prompts are token ids)."""
+    """The model on `device`, and its tokenizer when the directory has one (prompts are token
+    ids)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     torch.set_num_threads(threads or os.cpu_count() or 1)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype).eval().to(device)
     has_tokenizer = any((Path(model_dir) / f).is_file()
                         for f in ("tokenizer.json", "tokenizer_config.json"))  # fmt: skip
     return model, AutoTokenizer.from_pretrained(model_dir) if has_tokenizer else None
@@ -58,8 +59,8 @@ def generate_batch(model: Any, pad_id: int, batch: Sequence[BenchRequest]) -> in
         input_ids[row, max_prompt - request.prompt_len :] = torch.tensor(request.prompt_token_ids)
         attention_mask[row, max_prompt - request.prompt_len :] = 1
     out = model.generate(
-        input_ids=input_ids,
-        attention_mask=attention_mask,
+        input_ids=input_ids.to(model.device),
+        attention_mask=attention_mask.to(model.device),
         max_new_tokens=num_new,
         min_new_tokens=num_new,
         do_sample=False,
@@ -129,13 +130,14 @@ def run_hf_baseline(
     batch_sizes: Sequence[int] = (4, 16, 32),
     num_probe_requests: int | None = None,
     threads: int | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
     """Probe each batch size on the first `num_probe_requests` requests (default: the largest
     batch size), then run the whole workload with the fastest. When the best probe's batches
     are exactly the workload's first batches, they are kept and only the rest is run."""
     if not batch_sizes:
         raise ValueError("batch_sizes must not be empty")
-    model, tokenizer = load_hf_model(model_dir, dtype, threads)
+    model, tokenizer = load_hf_model(model_dir, dtype, threads, device)
     pad_id = _pad_id(model, tokenizer)
     generate_batch(model, pad_id, [BenchRequest("", requests[0].prompt_token_ids[:4], 2)])  # warm
     probe = list(requests[: num_probe_requests or max(batch_sizes)])
@@ -157,6 +159,7 @@ def run_hf_baseline(
     )
     return {
         "dtype": str(dtype).removeprefix("torch."),
+        "device": device,
         "num_threads": torch.get_num_threads(),
         "probes": [p.summary() for p in probes],
         **summary,

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from benchmarks.latency_stats import RequestRecord, distribution, percentile, summarize
+from services.cli.loadgen.latency_stats import RequestRecord, distribution, percentile, summarize
 
 
 @given(

@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from benchmarks.latency_stats import RequestRecord
-from benchmarks.workload import BenchRequest
+from services.cli.loadgen.latency_stats import RequestRecord
+from services.cli.loadgen.workload import BenchRequest
 
 DONE = object()  # the `data: [DONE]` sentinel
 

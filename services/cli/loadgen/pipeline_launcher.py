@@ -17,6 +17,7 @@ import httpx
 from services.cli.ports import free_port
 from services.cli.redis_launcher import RedisServer
 from services.cli.supervisor import ChildSpec, Supervisor
+from shared.options import option_argv
 
 
 @dataclass(frozen=True)
@@ -52,26 +53,22 @@ class LocalPipeline:
     def _specs(self) -> list[ChildSpec]:
         c = self.config
         plan_port, result_port = free_port(), free_port()
-        py = [sys.executable, "-m"]
-        common: list[str] = []
-        if c.max_num_batched_tokens:
-            common += ["--max-num-batched-tokens", str(c.max_num_batched_tokens)]
-        if c.max_model_len:
-            common += ["--max-model-len", str(c.max_model_len)]
-        scheduler = [*py, "services.scheduler", "--redis-url", self.redis_url,
-                     "--namespace", self.namespace, "--engine-id", f"{self.namespace}-engine",
-                     "--plan-port", str(plan_port), "--result-port", str(result_port),
-                     "--max-num-seqs", str(c.max_num_seqs), *common]  # fmt: skip
-        worker = [*py, "services.gpu_worker", "--model", str(c.model_dir), "--device", "cpu",
-                  "--dtype", c.dtype, "--plan-port", str(plan_port),
-                  "--result-port", str(result_port), *common]  # fmt: skip
-        if c.num_blocks:
-            worker += ["--num-blocks", str(c.num_blocks)]
-        gateway = [*py, "services.gateway", "--model", str(c.model_dir),
-                   "--redis-url", self.redis_url, "--namespace", self.namespace,
-                   "--port", str(self.port), "--gateway-id", f"{self.namespace}-gw"]  # fmt: skip
-        if c.max_model_len:
-            gateway += ["--max-model-len", str(c.max_model_len)]
+        engine = {"plan_port": plan_port, "result_port": result_port,
+                  "max_num_batched_tokens": c.max_num_batched_tokens,
+                  "max_model_len": c.max_model_len}  # fmt: skip
+        scheduler = _python("services.scheduler", {
+            "redis_url": self.redis_url, "namespace": self.namespace,
+            "engine_id": f"{self.namespace}-engine", "max_num_seqs": c.max_num_seqs, **engine,
+        })  # fmt: skip
+        worker = _python("services.gpu_worker", {
+            "model": c.model_dir, "device": "cpu", "dtype": c.dtype, "num_blocks": c.num_blocks,
+            **engine,
+        })  # fmt: skip
+        gateway = _python("services.gateway", {
+            "model": c.model_dir, "redis_url": self.redis_url, "namespace": self.namespace,
+            "port": self.port, "gateway_id": f"{self.namespace}-gw",
+            "max_model_len": c.max_model_len,
+        })  # fmt: skip
         worker_env = dict(os.environ)
         if c.worker_threads:
             worker_env["PAGEDSERVE_NUM_THREADS"] = str(c.worker_threads)
@@ -112,3 +109,7 @@ class LocalPipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _python(module: str, values: dict[str, object]) -> list[str]:
+    return [sys.executable, "-m", module, *option_argv(values)]

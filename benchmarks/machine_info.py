@@ -1,0 +1,65 @@
+"""What a benchmark result must say about the machine it came from: the CPU model, its ISA
+flags that matter for our kernels, the ISA caps set for the run, the kernel capability torch
+picked, and the load.
+
+An AVX2-only machine is emulated on a newer one with three caps, one per library that picks
+its kernels at run time: ONEDNN_MAX_CPU_ISA=AVX2 (oneDNN: bf16 and packed linears),
+ATEN_CPU_CAPABILITY=avx2 (torch's own vectorized ops) and MKL_ENABLE_INSTRUCTIONS=AVX2 (MKL,
+which runs every float32 linear: without this cap they still use AVX-512)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+from typing import Any
+
+ISA_FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_vnni")
+ISA_ENV = (
+    "ONEDNN_MAX_CPU_ISA",
+    "ATEN_CPU_CAPABILITY",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "OMP_NUM_THREADS",
+    "OMP_WAIT_POLICY",
+)
+
+
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The `flags` of the first processor in a /proc/cpuinfo text."""
+    for line in cpuinfo.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def cpu_model(cpuinfo: str) -> str:
+    for line in cpuinfo.splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+def torch_cpu_capability() -> str | None:
+    """The vector ISA torch dispatches its CPU kernels to (honours ATEN_CPU_CAPABILITY)."""
+    try:
+        import torch
+
+        return str(torch.backends.cpu.get_cpu_capability())
+    except (ImportError, AttributeError):
+        return None
+
+
+def machine_info() -> dict[str, Any]:
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        cpuinfo = ""
+    flags = cpu_flags(cpuinfo)
+    return {
+        "cpu": cpu_model(cpuinfo),
+        "num_cpus": len(os.sched_getaffinity(0)),
+        "isa_flags": [f for f in ISA_FLAGS if f in flags],
+        "isa_env": {k: os.environ[k] for k in ISA_ENV if k in os.environ},
+        "torch_cpu_capability": torch_cpu_capability(),
+        "loadavg": list(os.getloadavg()),
+    }

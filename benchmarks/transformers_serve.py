@@ -1,0 +1,126 @@
+"""`transformers serve --continuous-batching` as a benchmark baseline: started, warmed and
+stopped here, spoken to by the same streaming client as pagedserve.
+
+It is what a CPU user would deploy instead of us (paged KV cache, continuous batching,
+OpenAI-compatible `/v1/completions`). Three differences from our API are bridged here:
+- it has no `ignore_eos`: a request field `generation_config` (a JSON string) with
+  `eos_token_id: -1` makes every output exactly `max_tokens` long;
+- it rejects fields it does not know (HTTP 422), so `ignore_eos` and `min_tokens` are not sent;
+- it takes its sampling settings from the first request it serves (its continuous-batching
+  manager is built then), so it must be warmed up with the measured requests' fields, which
+  `TransformersServeEndpoint` always sends.
+It ends a stream without `data: [DONE]`; the client reads to the end of the body either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.workload import BenchRequest
+from services.cli.ports import free_port
+from services.cli.supervisor import ChildSpec, Supervisor
+
+# Greedy with no end-of-sequence token: outputs are exactly `max_tokens` long.
+EXACT_LENGTH_GENERATION_CONFIG = json.dumps({"do_sample": False, "eos_token_id": -1})
+
+
+@dataclass(frozen=True)
+class TransformersServeEndpoint(EndpointConfig):
+    """The request body `transformers serve` accepts for a greedy fixed-length completion."""
+
+    ignore_eos: bool = False  # it has no such field; `generation_config` does the job
+
+    def body(self, request: BenchRequest) -> dict[str, Any]:
+        body = super().body(request)
+        body.pop("stream_options", None)  # ignored with a warning; usage is always sent
+        body["generation_config"] = EXACT_LENGTH_GENERATION_CONFIG
+        return body
+
+
+@dataclass(frozen=True)
+class TransformersServeConfig:
+    """The flags the baseline runs with (issue 18: the run pagedserve is compared against)."""
+
+    model_dir: Path
+    dtype: str = "float32"  # float32 | bfloat16
+    block_size: int = 32
+    num_blocks: int = 1536
+    max_batch_tokens: int = 512
+    threads: int | None = None  # OMP threads; None: torch's default (every core)
+    startup_timeout_s: float = 300.0
+
+
+def transformers_serve_argv(config: TransformersServeConfig, port: int) -> list[str]:
+    """The command line of the server, run with this interpreter's transformers."""
+    # `transformers serve` is a typer app; `python -m transformers.cli.transformers` is its
+    # entry point without relying on the console script being on PATH.
+    return [
+        sys.executable, "-m", "transformers.cli.transformers", "serve", str(config.model_dir),
+        "--continuous-batching", "--device", "cpu", "--dtype", config.dtype,
+        "--cb-block-size", str(config.block_size), "--cb-num-blocks", str(config.num_blocks),
+        "--cb-max-batch-tokens", str(config.max_batch_tokens),
+        "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning",
+    ]  # fmt: skip
+
+
+def transformers_serve_env(config: TransformersServeConfig) -> dict[str, str]:
+    """Our environment (ISA caps such as ONEDNN_MAX_CPU_ISA included), offline, and the
+    thread count when one is set."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
+    if config.threads:
+        env["OMP_NUM_THREADS"] = str(config.threads)
+    return env
+
+
+class TransformersServer:
+    """`with TransformersServer(config) as server:` -> `server.base_url`, `server.endpoint()`;
+    the server runs in its own process group and is stopped on exit."""
+
+    def __init__(self, config: TransformersServeConfig, log: TextIO | None = None) -> None:
+        self.config = config
+        self.port = free_port()
+        self.supervisor = Supervisor(out=log or sys.stderr)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def endpoint(self) -> TransformersServeEndpoint:
+        # It serves the model under the name it was started with (other names: HTTP 400).
+        return TransformersServeEndpoint(self.base_url, str(self.config.model_dir))
+
+    def _healthy(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def start(self) -> TransformersServer:
+        argv = transformers_serve_argv(self.config, self.port)
+        env = transformers_serve_env(self.config)
+        try:
+            self.supervisor.start(ChildSpec("transformers-serve", argv, env=env))
+            self.supervisor.wait_until(
+                "transformers serve answering /health", self._healthy, self.config.startup_timeout_s
+            )
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        self.supervisor.stop(list(self.supervisor.children), timeout_s=10.0)
+
+    def __enter__(self) -> TransformersServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

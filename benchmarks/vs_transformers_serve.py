@@ -1,0 +1,272 @@
+"""pagedserve against `transformers serve --continuous-batching` (and optionally HF
+`generate`): same workload, same streaming client, same run, identical-output check.
+
+Each server is started here, warmed up with requests of the measured fields (fresh words, so
+no measured prompt is in a prefix cache), run at every concurrency level in turn and stopped
+before the next one starts, so that each has the machine to itself. Every level sends the same
+requests to both servers (a fresh-word copy per level, so that our prefix cache helps no
+level). Greedy texts of the first `--num-check` requests are compared across servers.
+
+The CPU's ISA (lscpu flags, torch's kernel capability, ONEDNN_MAX_CPU_ISA /
+ATEN_CPU_CAPABILITY as set for the run) and the load average are recorded with the result.
+
+    ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
+      python -m benchmarks.vs_transformers_serve --num-prompts 48 --out benchmarks/results/vs_tf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from benchmarks.e2e_flops import fraction_of_flop_limit, measured_rate, model_dims, workload_flops
+from benchmarks.greedy_check import check_summary, greedy_texts
+from benchmarks.machine_info import machine_info
+from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
+from services.cli.loadgen.runner import (
+    Level,
+    LoadConfig,
+    build_workload,
+    plan_levels,
+    run_levels,
+    wait_until_ready,
+    warm_up,
+    warmup_requests,
+    workload_summary,
+    write_json,
+)
+from services.cli.loadgen.sse_client import EndpointConfig
+from services.cli.loadgen.workload import BenchRequest
+
+
+def measure_server(
+    endpoint: EndpointConfig,
+    levels: list[Level],
+    warmup: list[BenchRequest],
+    check: list[BenchRequest],
+) -> dict[str, Any]:
+    """Warm-up, every level, then the greedy texts of `check`."""
+    asyncio.run(wait_until_ready(endpoint, 120.0))
+    result: dict[str, Any] = {"load_before": machine_info()["loadavg"]}
+    result["warmup"] = warm_up(endpoint, warmup)
+    result["runs"] = run_levels(endpoint, levels)
+    result["texts"] = greedy_texts(endpoint, check) if check else []
+    result["load_after"] = machine_info()["loadavg"]
+    return result
+
+
+def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
+    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+
+    config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads,
+                            startup_timeout_s=args.startup_timeout)  # fmt: skip
+    log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-tf-pagedserve.log"
+    print(f"starting pagedserve (logs: {log_path})", flush=True)
+    with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:
+        endpoint = EndpointConfig(pipeline.base_url, str(model_dir))
+        return measure_server(endpoint, *plan)
+
+
+def run_transformers(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
+    config = TransformersServeConfig(model_dir, args.dtype_resolved, threads=args.threads,
+                                     max_batch_tokens=args.tf_max_batch_tokens,
+                                     startup_timeout_s=args.startup_timeout)  # fmt: skip
+    log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-tf-transformers.log"
+    print(f"starting transformers serve (logs: {log_path})", flush=True)
+    with log_path.open("w") as log, TransformersServer(config, log=log) as server:
+        return measure_server(server.endpoint(), *plan)
+
+
+def level_comparison(
+    ours: dict[str, Any], theirs: dict[str, Any], flops: float, flops_per_s: float
+) -> dict[str, Any]:
+    """One level: throughput ratio, each server's share of the FLOP limit (`flops`: the
+    level's useful FLOPs) and both servers' TTFT / TPOT p50 and p99 (ms)."""
+    row: dict[str, Any] = {
+        "max_concurrency": ours["max_concurrency"],
+        "pagedserve_tok_s": ours["output_throughput"],
+        "transformers_tok_s": theirs["output_throughput"],
+        "speedup": ours["output_throughput"] / theirs["output_throughput"],
+        "pagedserve_flop_fraction": fraction_of_flop_limit(flops, ours["duration_s"], flops_per_s),
+        "transformers_flop_fraction": fraction_of_flop_limit(
+            flops, theirs["duration_s"], flops_per_s
+        ),
+    }
+    for metric in ("ttft_ms", "tpot_ms"):
+        for q in ("p50", "p99"):
+            row[f"{metric}_{q}"] = {
+                "pagedserve": ours[metric][q],
+                "transformers": theirs[metric][q],
+            }
+    return row
+
+
+def compare(
+    ours: dict[str, Any], theirs: dict[str, Any], flops: float, flops_per_s: float
+) -> list[dict[str, Any]]:
+    pairs = zip(ours["runs"], theirs["runs"], strict=True)
+    return [level_comparison(a, b, flops, flops_per_s) for a, b in pairs]
+
+
+HEADER = [
+    "| in flight | pagedserve tok/s | transformers tok/s | ratio | % of FLOP limit (ours / theirs) "
+    "| TTFT p50 ms (ours / theirs) | TTFT p99 | TPOT p50 | TPOT p99 |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _pair(row: dict[str, Any], key: str) -> str:
+    a, b = row[key]["pagedserve"], row[key]["transformers"]
+    return "-" if a is None or b is None else f"{a:.0f} / {b:.0f}"
+
+
+def format_row(r: dict[str, Any]) -> str:
+    flop = (
+        f"{100 * r['pagedserve_flop_fraction']:.0f} / {100 * r['transformers_flop_fraction']:.0f}"
+    )
+    return (
+        f"| {r['max_concurrency']} | {r['pagedserve_tok_s']:.1f} | {r['transformers_tok_s']:.1f} "
+        f"| {r['speedup']:.2f}x | {flop} | {_pair(r, 'ttft_ms_p50')} | {_pair(r, 'ttft_ms_p99')} "
+        f"| {_pair(r, 'tpot_ms_p50')} | {_pair(r, 'tpot_ms_p99')} |"
+    )
+
+
+def format_comparison(rows: list[dict[str, Any]], check: dict[str, Any]) -> str:
+    lines = [*HEADER, *(format_row(r) for r in rows)]
+    lines.append(f"greedy texts identical: {check['num_identical']}/{check['num_requests']}")
+    return "\n".join(lines)
+
+
+def report_section(result: dict[str, Any]) -> list[str]:
+    """The markdown section of `benchmarks.report_writer` for this benchmark's JSON."""
+    m, w, rate = result["machine"], result["workload"], result["matmul_rate"]
+    isa = ", ".join(m["isa_flags"]) or "none of note"
+    caps = ", ".join(f"{k}={v}" for k, v in m["isa_env"].items()) or "none"
+    lines = [
+        "## pagedserve vs `transformers serve --continuous-batching`",
+        "",
+        f"{w['num_requests']} requests, {w['total_output_tokens']} output tokens, "
+        f"{result['dtype']}, threads {result['threads'] or 'each server default'}. "
+        f"CPU: {m['cpu']}, {m['num_cpus']} cores, flags {isa}; ISA caps: {caps}; torch "
+        f"kernels: {m['torch_cpu_capability']}. Matmul rate in the same run: "
+        f"{rate['flops_per_s'] / 1e9:.0f} GFLOP/s on {rate['threads']} threads.",
+        "",
+        format_comparison(result["comparison"], result["greedy_check"]),
+    ]
+    if "hf_generate" in result:
+        hf = result["hf_generate"]
+        lines.append(
+            f"HF generate (static batches of {hf['batch_size']}): "
+            f"{hf['output_throughput']:.1f} tok/s, {100 * hf['flop_fraction']:.0f}% of the FLOP "
+            f"limit; **best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x**"
+        )
+    return lines
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.vs_transformers_serve",
+                                description=__doc__.split("\n\n")[0])  # fmt: skip
+    add = p.add_argument
+    add("--model", default="smollm2", help="model alias or directory")
+    add("--dtype", default="auto", help="auto | float32 | bfloat16 (both servers)")
+    add("--threads", type=int, default=None, help="OMP threads of each server (default: theirs)")
+    add("--max-num-seqs", type=int, default=256)
+    add("--concurrency", default="16,64", help="levels of requests in flight, comma-separated")
+    add("--num-warmups", type=int, default=8)
+    add("--num-check", type=int, default=16, help="greedy requests compared across servers")
+    add("--tf-max-batch-tokens", type=int, default=512, help="transformers' tokens per step")
+    add("--hf-batch-sizes", default="", help="also run HF generate with these batch sizes")
+    add("--num-prompts", type=int, default=48)
+    add("--seed", type=int, default=0)
+    add("--prompt-len", type=int, default=64)
+    add("--prompt-len-sigma", type=float, default=0.8)
+    add("--prompt-len-range", default="8,512")
+    add("--output-len", type=int, default=48)
+    add("--output-len-sigma", type=float, default=1.0)
+    add("--output-len-range", default="4,384")
+    add("--startup-timeout", type=float, default=600.0, help="seconds for each server to start")
+    add("--out", default="benchmarks/results/vs_transformers_serve")
+    return p
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def workload_args(args: argparse.Namespace) -> argparse.Namespace:
+    """The fields `services.cli.loadgen.runner.build_workload` reads."""
+    return argparse.Namespace(
+        model=args.model, tokenizer=None, dataset=None, num_prompts=args.num_prompts,
+        seed=args.seed, prompt_len=args.prompt_len, prompt_len_sigma=args.prompt_len_sigma,
+        prompt_len_range=_ints(args.prompt_len_range), output_len=args.output_len,
+        output_len_sigma=args.output_len_sigma, output_len_range=_ints(args.output_len_range),
+    )  # fmt: skip
+
+
+def resolved_dtype(dtype: str) -> str:
+    """The dtype pagedserve's worker picks for `dtype` on this CPU, as a name both servers
+    accept (transformers' own "auto" would take the checkpoint's dtype instead)."""
+    import torch
+
+    from services.gpu_worker.model_runner import resolve_dtype
+
+    return str(resolve_dtype(dtype, torch.device("cpu"))).removeprefix("torch.")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.dtype_resolved = resolved_dtype(args.dtype)
+    requests, tokenizer, model_dir = build_workload(workload_args(args))
+    loads = [LoadConfig(max_concurrency=c, seed=args.seed) for c in _ints(args.concurrency)]
+    levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=True)
+    warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
+    plan = (levels, warmup, requests[: args.num_check])
+    rate = measured_rate(args.dtype_resolved, args.threads)
+    flops = workload_flops(model_dims(model_dir), requests)
+    result: dict[str, Any] = {
+        "machine": machine_info(),
+        "dtype": args.dtype_resolved,
+        "threads": args.threads,
+        "workload": workload_summary(requests),
+        "matmul_rate": rate,
+        "workload_flops": flops,
+    }
+    result["pagedserve"] = ours = run_pagedserve(args, model_dir, *plan)
+    result["transformers_serve"] = theirs = run_transformers(args, model_dir, *plan)
+    result["comparison"] = rows = compare(ours, theirs, flops, rate["flops_per_s"])
+    result["greedy_check"] = check = check_summary(ours.pop("texts"), theirs.pop("texts"))
+    print(format_comparison(rows, check), flush=True)
+    save(result, Path(args.out))  # the servers' comparison survives a failed HF run
+    if args.hf_batch_sizes:
+        result["hf_generate"] = hf = run_hf(args, requests, model_dir)
+        best = max(r["output_throughput"] for r in ours["runs"])
+        result["speedup_vs_hf"] = best / hf["output_throughput"]
+        hf["flop_fraction"] = fraction_of_flop_limit(flops, hf["duration_s"], rate["flops_per_s"])
+        print(f"best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x", flush=True)
+        save(result, Path(args.out))
+    failed = any(r["num_failed"] for s in (ours, theirs) for r in s["runs"])
+    return 1 if failed or check["mismatches"] else 0
+
+
+def save(result: dict[str, Any], out: Path) -> None:
+    write_json(result, out.with_suffix(".json"))
+    out.with_suffix(".md").write_text("\n".join(report_section(result)) + "\n")
+    print(f"wrote {out.with_suffix('.json')} and {out.with_suffix('.md')}", flush=True)
+
+
+def run_hf(args: argparse.Namespace, requests: list[BenchRequest], model_dir: Path) -> dict:
+    import torch
+
+    from services.cli.loadgen.hf_baseline import run_hf_baseline
+
+    dtype = getattr(torch, args.dtype_resolved)
+    sizes = _ints(args.hf_batch_sizes)
+    return run_hf_baseline(model_dir, requests, dtype, sizes, threads=args.threads)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

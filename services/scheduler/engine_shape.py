@@ -1,0 +1,62 @@
+"""The engine's shape: how big its KV cache is and how much one step and one sequence may hold.
+
+Derived once, from the workers' hellos and the flags, by the scheduler process and the
+in-process `LLMEngine` alike: a flag that was given wins, else the workers' (device-dependent)
+default; the cache holds what every rank can hold; a sequence is as long as the shortest
+limit allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import WorkerHello
+
+
+@dataclass(frozen=True, slots=True)
+class EngineShape:
+    block_size: int  # tokens per KV block
+    num_blocks: int  # KV blocks every rank holds
+    max_num_batched_tokens: int  # tokens computed in one step
+    max_model_len: int  # prompt + output tokens of one sequence
+    vocab_size: int  # token ids are below this; 0: unknown (no check)
+
+    @classmethod
+    def derive(
+        cls,
+        hellos: Sequence[WorkerHello],
+        scheduler_config: SchedulerConfig,
+        cache_config: CacheConfig,
+    ) -> EngineShape:
+        """The shape of an engine whose ranks said `hellos`, under the given flags."""
+        if not hellos:
+            raise ValueError("an engine's shape needs at least one worker hello")
+        rank0 = min(hellos, key=lambda h: h.rank)
+        vocab_sizes = [h.vocab_size for h in hellos if h.vocab_size > 0]
+        return cls(
+            block_size=cache_config.block_size or rank0.block_size,
+            num_blocks=min(h.num_blocks for h in hellos),
+            max_num_batched_tokens=(
+                scheduler_config.max_num_batched_tokens or rank0.max_num_batched_tokens
+            ),
+            max_model_len=min(scheduler_config.max_model_len, *(h.max_model_len for h in hellos)),
+            vocab_size=min(vocab_sizes, default=0),
+        )
+
+    def scheduler_config(self, flags: SchedulerConfig) -> SchedulerConfig:
+        return replace(
+            flags,
+            max_model_len=self.max_model_len,
+            max_num_batched_tokens=self.max_num_batched_tokens,
+        )
+
+    def cache_config(self, flags: CacheConfig) -> CacheConfig:
+        return replace(flags, block_size=self.block_size, num_blocks=self.num_blocks)
+
+    def describe(self) -> str:
+        return (
+            f"{self.num_blocks} KV blocks of {self.block_size} tokens, max_model_len "
+            f"{self.max_model_len}, {self.max_num_batched_tokens} tokens per step"
+        )

@@ -1,0 +1,121 @@
+"""The engine's last line of defence: every request is checked before it is queued, whoever
+wrote it into Redis. The gateway validates what clients send, with user-facing messages; this
+makes sure that no entry (a bug, an old gateway, a hand-written XADD) can crash a step or hurt
+the requests batched with it. A bad request is rejected with a message naming what is wrong.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from services.scheduler.errors import RequestRejectedError
+from shared.protocol import GenerateRequest, SamplingParams
+
+# Signed or unsigned 64-bit: the gateway maps every int64 seed into [0, 2**64), and torch's
+# generators take both ranges.
+INT64_MIN, UINT64_MAX = -(1 << 63), (1 << 64) - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_real(value: object) -> bool:
+    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+
+
+def _type_problem(name: str, kind: str, value: object) -> str | None:
+    """What is wrong with `value` for a field declared as `kind` (None: fine, or a kind this
+    check does not know, left to the field's own validation)."""
+    optional = kind.endswith(" | None")
+    if optional and value is None:
+        return None
+    kind = kind.removesuffix(" | None")
+    if kind == "float" and not _is_real(value):
+        return f"{name} must be a finite number, got {value!r}"
+    if kind == "int" and not (_is_int(value) and INT64_MIN <= value <= UINT64_MAX):  # type: ignore[operator]
+        return f"{name} must be a 64-bit integer, got {value!r}"
+    if kind == "bool" and not isinstance(value, bool):
+        return f"{name} must be a boolean, got {value!r}"
+    if kind == "tuple[int, ...]" and not (
+        isinstance(value, tuple) and all(_is_int(v) for v in value)
+    ):
+        return f"{name} must be a list of integers, got {value!r}"
+    return None
+
+
+def _sampling_problems(sampling: SamplingParams, vocab_size: int) -> list[str]:
+    problems = []
+    for field in dataclasses.fields(sampling):
+        kind = field.type if isinstance(field.type, str) else getattr(field.type, "__name__", "")
+        problem = _type_problem(field.name, kind, getattr(sampling, field.name))
+        if problem is not None:
+            problems.append(problem)
+    if problems:
+        return problems
+    try:
+        sampling.validate()
+    except (ValueError, TypeError) as exc:
+        problems.append(str(exc))
+    if vocab_size > 0:
+        for name in ("stop_token_ids", "eos_token_ids"):
+            outside = [t for t in getattr(sampling, name) if not 0 <= t < vocab_size]
+            if outside:
+                problems.append(
+                    f"{name} {outside[:5]} are outside the vocabulary [0, {vocab_size})"
+                )
+    return problems
+
+
+def validate_request(request: GenerateRequest, vocab_size: int) -> None:
+    """Raise `RequestRejectedError` naming what is wrong with `request`'s fields: their types,
+    its prompt's token ids (`vocab_size` > 0: each must be below it) and sampling parameters.
+    Lengths against the engine's limits: `check_fits`."""
+    rid = request.request_id
+    prompt = request.prompt_token_ids
+    if not isinstance(prompt, list) or not all(_is_int(t) for t in prompt):
+        raise RequestRejectedError(f"request {rid!r}: prompt_token_ids must be a list of integers")
+    if vocab_size > 0:
+        outside = [t for t in prompt if not 0 <= t < vocab_size]
+        if outside:
+            raise RequestRejectedError(
+                f"request {rid!r}: prompt token ids {outside[:5]} are outside the vocabulary "
+                f"[0, {vocab_size})"
+            )
+    elif any(t < 0 for t in prompt):
+        raise RequestRejectedError(f"request {rid!r}: prompt token ids must be >= 0")
+    if not _is_int(request.priority):
+        raise RequestRejectedError(f"request {rid!r}: priority must be an integer")
+    if not isinstance(request.sampling, SamplingParams):
+        raise RequestRejectedError(f"request {rid!r}: sampling is not a SamplingParams")
+    problems = _sampling_problems(request.sampling, vocab_size)
+    if problems:
+        raise RequestRejectedError(
+            f"request {rid!r}: invalid sampling params: {'; '.join(problems)}"
+        )
+
+
+def check_fits(
+    request: GenerateRequest, max_model_len: int, block_size: int, num_blocks: int
+) -> None:
+    """Raise `RequestRejectedError` if `request` (already validated) could never run on an
+    engine of this size: an empty prompt, or prompt + max_tokens beyond the length limit or
+    the whole KV cache."""
+    rid = request.request_id
+    num_prompt = len(request.prompt_token_ids)
+    if num_prompt == 0:
+        raise RequestRejectedError(f"request {rid!r}: the prompt is empty")
+    max_tokens = request.sampling.max_tokens
+    if num_prompt + max_tokens > max_model_len:
+        raise RequestRejectedError(
+            f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+            f"exceeds max_model_len ({max_model_len})"
+        )
+    num_needed = -(-(num_prompt + max_tokens) // block_size)
+    if num_needed > num_blocks:
+        raise RequestRejectedError(
+            f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
+            f"needs {num_needed} KV blocks of {block_size} tokens but the whole cache "
+            f"has {num_blocks}"
+        )

@@ -1,0 +1,144 @@
+"""The engine's status record in Redis (`shared/status.py`), its throughput log line and its
+idle integrity check.
+
+The record is written every `STATUS_INTERVAL_S` (that keeps it from expiring, which is how
+other engines and the gateways tell a live engine), and also with the writes of every step
+that changed what the gateways show as engine gauges (running, waiting, KV blocks): `/metrics`
+is current within one step, at the cost of a few hash fields in the step's MULTI/EXEC.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import fields, replace
+
+from redis.exceptions import RedisError
+
+from services.scheduler.ledger import Ledger
+from services.scheduler.outbox import Outbox
+from services.scheduler.redis_io import RedisIO
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.stats import SchedulerStats
+from services.scheduler.worker_link import WorkerLink
+from shared.status import EngineStatus
+
+logger = logging.getLogger(__name__)
+
+STATUS_INTERVAL_S = 1.0
+INTEGRITY_CHECK_INTERVAL_S = 5.0
+THROUGHPUT_LOG_INTERVAL_S = 10.0
+# the scheduler's counters that the status record carries, under the same names
+STATS_IN_STATUS = tuple(
+    f.name for f in fields(EngineStatus) if f.name in {g.name for g in fields(SchedulerStats)}
+)
+
+
+def link_status(engine_id: str, link: WorkerLink, workers_alive: bool) -> EngineStatus:
+    """The status of an engine whose scheduler holds no requests yet (waiting for workers)."""
+    hellos = link.hellos
+    return EngineStatus(
+        engine_id=engine_id,
+        time=time.time(),
+        workers_alive=workers_alive,
+        num_workers=len(hellos),
+        model=hellos[0].model if hellos else "",
+        pid=os.getpid(),
+    )
+
+
+class StatusReporter:
+    def __init__(
+        self,
+        io: RedisIO,
+        link: WorkerLink,
+        scheduler: Scheduler,
+        ledger: Ledger,
+        stopping: asyncio.Event,
+    ) -> None:
+        self._io = io
+        self._link = link
+        self._scheduler = scheduler
+        self._ledger = ledger
+        self._stopping = stopping
+        self._last_gauges: tuple[int, int, int] | None = None
+        self._last_integrity_check = 0.0  # monotonic
+        self.integrity_error: str | None = None  # the last failed idle check
+        self.integrity_checked_at = 0.0  # unix seconds
+
+    def status(self, workers_alive: bool | None = None) -> EngineStatus:
+        if workers_alive is None:
+            workers_alive = self._workers_alive()
+        base = link_status(self._ledger.engine_id, self._link, workers_alive)
+        stats = self._scheduler.stats()
+        return replace(
+            base,
+            integrity_ok=self.integrity_error is None,
+            integrity_checked_at=self.integrity_checked_at,
+            **{name: getattr(stats, name) for name in STATS_IN_STATUS},
+            iteration_tokens=self._scheduler.iteration_tokens.encode(),
+            block_size=self._scheduler.block_size,
+        )
+
+    def _workers_alive(self) -> bool:
+        link = self._link
+        return link.is_ready and link.workers_alive() and not self._stopping.is_set()
+
+    def after_step(self, outbox: Outbox) -> None:
+        """Queue the status with the step's writes if the engine gauges moved."""
+        stats = self._scheduler.stats()
+        gauges = (stats.num_running, stats.num_waiting, stats.num_free_blocks)
+        if gauges != self._last_gauges:
+            self._last_gauges = gauges
+            outbox.set_engine_status(self.status())
+
+    # -- integrity -------------------------------------------------------------------------------
+
+    def check_integrity_if_due(self) -> None:
+        if time.monotonic() - self._last_integrity_check > INTEGRITY_CHECK_INTERVAL_S:
+            self.check_integrity()
+
+    def check_integrity(self) -> None:
+        """Run the scheduler's full invariant check on an idle engine. A failure is a bug: it
+        is logged and flagged in the EngineStatus (`integrity_ok`), and serving goes on."""
+        self._last_integrity_check = time.monotonic()
+        self.integrity_checked_at = time.time()
+        try:
+            self._scheduler.check_integrity()
+        except AssertionError as exc:
+            if self.integrity_error is None:
+                logger.error("integrity check failed: %s", exc)
+            self.integrity_error = str(exc)
+            return
+        self.integrity_error = None
+
+    # -- the periodic record and log -------------------------------------------------------------
+
+    async def report_forever(self) -> None:
+        last_log, last_tokens, last_steps = time.monotonic(), 0, 0
+        while True:
+            status = self.status()
+            try:
+                await self._io.write_engine_status(status)
+            except RedisError as exc:
+                logger.warning("engine status write failed: %s", exc)
+            elapsed = time.monotonic() - last_log
+            if elapsed >= THROUGHPUT_LOG_INTERVAL_S:
+                num_tokens = self._ledger.num_generated_tokens
+                if status.num_steps != last_steps:
+                    _log_throughput(status, elapsed, num_tokens - last_tokens, last_steps)
+                last_log, last_tokens, last_steps = time.monotonic(), num_tokens, status.num_steps
+            await asyncio.sleep(STATUS_INTERVAL_S)
+
+
+def _log_throughput(status: EngineStatus, elapsed: float, num_tokens: int, last_steps: int) -> None:
+    logger.info(
+        "%.1f steps/s, %.1f generated tokens/s, %d running, %d waiting, KV cache %.1f%% used",
+        (status.num_steps - last_steps) / elapsed,
+        num_tokens / elapsed,
+        status.num_running,
+        status.num_waiting,
+        100 * status.kv_usage,
+    )

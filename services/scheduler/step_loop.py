@@ -1,0 +1,163 @@
+"""The step loop of an attached engine (the Scheduler is built), and the parts around it:
+see `engine_loop.py` for the shape of one step."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from redis.exceptions import RedisError
+
+from services.scheduler.ledger import Ledger
+from services.scheduler.outbox import Outbox
+from services.scheduler.redis_io import StreamEntry
+from services.scheduler.scheduler import Scheduler
+from services.scheduler.status_reporter import StatusReporter
+from services.scheduler.watchers import (
+    CLAIM_MIN_IDLE_MS,
+    claim_abandoned_forever,
+    watch_gateways_forever,
+)
+from services.scheduler.worker_recovery import recover_workers
+
+if TYPE_CHECKING:
+    from services.scheduler.engine_loop import EngineLoop
+
+logger = logging.getLogger(__name__)
+
+READ_COUNT = 64  # request entries taken per read, at most
+IDLE_BLOCK_MS = 100  # blocking read when there is nothing to run
+
+
+class StepLoop:
+    """The step loop of an attached engine, and the parts around it."""
+
+    def __init__(self, engine: EngineLoop, scheduler: Scheduler) -> None:
+        self.config = engine.config
+        self.scheduler = scheduler
+        self.link = engine.link
+        self.io = engine.io
+        self.intake = engine.intake
+        self.stopping = engine.stopping
+        self.backoff = engine.backoff
+        self.outbox = Outbox(engine.io, engine.backoff)
+        self.ledger = Ledger(scheduler, self.outbox, self.config.engine_id)
+        self.status = StatusReporter(engine.io, engine.link, scheduler, self.ledger, self.stopping)
+
+    async def run(self) -> None:
+        tasks = [
+            asyncio.create_task(self.status.report_forever(), name="engine-status"),
+            asyncio.create_task(
+                watch_gateways_forever(
+                    self.io, self.ledger, self.intake, self.config.gateway_check_interval_s
+                ),
+                name="gateway-watch",
+            ),
+            asyncio.create_task(
+                claim_abandoned_forever(self.io, self.intake, self.stopping), name="claim"
+            ),
+        ]
+        try:
+            await self._resume_own_pending()
+            await self._serve()
+        finally:
+            await cancel_and_wait(tasks)
+            await self.outbox.flush()
+            with contextlib.suppress(RedisError):
+                await self.io.write_engine_status(self.status.status(workers_alive=False))
+
+    async def _resume_own_pending(self) -> None:
+        """Requests this engine id was given in a previous life, and dead engines' ones."""
+        pending = await self.backoff.retry("pending read", self._own_and_abandoned, self.stopping)
+        if pending:
+            logger.info(
+                "resuming %d un-ACKed request(s) of engine %s", len(pending), self.config.engine_id
+            )
+            self.intake.add_entries(pending)
+
+    async def _own_and_abandoned(self) -> list[StreamEntry]:
+        own = await self.io.read_own_pending()
+        return own + await self.io.claim_abandoned(CLAIM_MIN_IDLE_MS)
+
+    async def _serve(self) -> None:
+        drain_deadline: float | None = None
+        while True:
+            if self.stopping.is_set():
+                drain_deadline = drain_deadline or time.monotonic() + self.config.drain_timeout_s
+                if (
+                    not self.scheduler.has_unfinished_requests()
+                    or time.monotonic() > drain_deadline
+                ):
+                    return
+            if not self.link.is_ready and not await recover_workers(
+                self.link,
+                self.ledger,
+                self.outbox,
+                self.config.worker_recovery_timeout_s,
+                self.stopping,
+            ):
+                return
+            await self._step()
+
+    async def _step(self) -> None:
+        self._apply_intake()
+        plan = self.scheduler.schedule()
+        if plan.is_empty and not (plan.finished_seq_ids or plan.preempted_seq_ids):
+            await self._idle()
+            return
+        self.ledger.note_scheduled(plan)
+        self.link.publish(plan)
+        io = asyncio.create_task(self._overlapped_io())
+        result = await self.link.wait_result(plan.step_id, self.config.step_timeout_s)
+        await io
+        if result is not None:
+            self.ledger.collect(self.scheduler.update_from_output(plan, result))
+        self.status.after_step(self.outbox)
+
+    async def _idle(self) -> None:
+        self.status.after_step(self.outbox)
+        await self.outbox.flush()
+        busy = self.scheduler.has_unfinished_requests()
+        if not busy:
+            self.status.check_integrity_if_due()
+        if busy:  # waiting requests that cannot be scheduled yet: do not spin
+            await asyncio.sleep(0.005)
+        block_ms = None if busy or self.stopping.is_set() else IDLE_BLOCK_MS
+        await self.intake.read(self._read_budget(), block_ms)
+
+    async def _overlapped_io(self) -> None:
+        await self.outbox.flush()
+        await self.intake.read(self._read_budget(), block_ms=None)
+
+    def _apply_intake(self) -> None:
+        entries, aborts = self.intake.take()
+        for entry in entries:
+            self.ledger.admit(entry)
+        for abort in aborts:
+            self.ledger.abort(abort.request_ids, abort.reason)
+
+    def _read_budget(self) -> int:
+        """How many new requests to take now: what this engine can start soon, so that other
+        engines get the rest of the shared stream."""
+        if self.stopping.is_set():
+            return 0
+        config = self.scheduler.config
+        stats = self.scheduler.stats()
+        queued = stats.num_running + stats.num_waiting + len(self.intake)
+        room = min(config.max_waiting - stats.num_waiting, 2 * config.max_num_seqs - queued)
+        return max(0, min(READ_COUNT, room))
+
+
+async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
+    """Cancel `tasks` and wait until they are done. A cancellation that lands while redis-py
+    awaits a reply can be swallowed (the task then sleeps on, and a plain gather waits forever:
+    a SIGTERM right after start-up hung the process), so a task still running is cancelled
+    again."""
+    pending = set(tasks)
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=0.5)

@@ -1,0 +1,183 @@
+"""Every command-line flag of pagedserve, declared once.
+
+`OPTIONS` is the one table: each `Option` knows its flag, type, default and help. From it come
+every argparse parser (`add_options`), every `PAGEDSERVE_<DEST>` environment variable (the
+default when the flag is absent; an empty variable counts as unset) and every child command
+line that `pagedserve serve` builds (`option_argv`). A new flag is one line here plus its name
+in the parsers that take it. A parser may adjust an option for its own use (another default,
+help or choices) with `use(name, ...)`; the flag and its variable stay the same.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
+def optional_int(text: str) -> int | None:
+    """An int, or None for "" / "none" (an optional flag's "not given")."""
+    return None if text.strip().lower() in ("", "none") else int(text)
+
+
+@dataclass(frozen=True)
+class Option:
+    flag: str  # "--max-num-seqs"
+    default: Any = None
+    type: Callable[[str], Any] = str
+    help: str | None = None
+    choices: tuple[str, ...] | None = None
+    switch: bool = False  # takes no value; giving the flag sets `not default`
+    dest_name: str | None = None  # default: the flag, dashes as underscores
+    aliases: tuple[str, ...] = ()  # short forms ("-tp")
+    env_aliases: tuple[str, ...] = ()  # read before PAGEDSERVE_<DEST> ("REDIS_URL")
+
+    @property
+    def dest(self) -> str:
+        return self.dest_name or self.flag.lstrip("-").replace("-", "_")
+
+    @property
+    def env_names(self) -> tuple[str, ...]:
+        return (*self.env_aliases, f"PAGEDSERVE_{self.dest.upper()}")
+
+    def env_value(self) -> str | None:
+        """The first non-empty variable of `env_names`, or None."""
+        return next((os.environ[n] for n in self.env_names if os.environ.get(n)), None)
+
+    def default_now(self) -> Any:
+        """The default under the current environment (a string is parsed by argparse)."""
+        raw = self.env_value()
+        if raw is None:
+            return self.default
+        if not self.switch:
+            return raw
+        if raw.strip().lower() in _TRUE:
+            return True
+        return False if raw.strip().lower() in _FALSE else self.default
+
+    def add_to(self, parser: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+        names = (self.flag, *self.aliases)
+        if self.switch:
+            action = "store_false" if self.default else "store_true"
+            parser.add_argument(
+                *names, dest=self.dest, action=action, default=self.default_now(), help=self.help
+            )
+            return
+        parser.add_argument(
+            *names,
+            dest=self.dest,
+            type=self.type,
+            default=self.default_now(),
+            choices=self.choices,
+            help=self.help,
+        )
+
+    def to_argv(self, value: Any) -> list[str]:
+        """This option on a child's command line; nothing for None or an unset switch."""
+        if value is None:
+            return []
+        if self.switch:
+            return [self.flag] if bool(value) != bool(self.default) else []
+        return [self.flag, str(value)]
+
+
+_DTYPES = ("auto", "float32", "bfloat16", "float16")
+_LOOPBACK = "127.0.0.1"
+_LOCAL_REDIS = "redis://127.0.0.1:6379/0"
+
+OPTIONS: dict[str, Option] = {
+    o.dest: o
+    for o in (
+        # the model
+        Option("--model", DEFAULT_MODEL, help="'smollm2' (default) or a HF model directory"),
+        Option("--served-model-name", help="the name clients use; default: --model"),
+        Option("--dtype", "auto", choices=_DTYPES),
+        Option("--max-model-len", None, optional_int, help="default: the model's"),
+        # the engine
+        Option("--tensor-parallel-size", 1, int, aliases=("-tp",)),
+        Option("--max-num-seqs", 256, int, help="sequences running at once"),
+        Option("--max-num-batched-tokens", None, optional_int,
+               help="tokens computed in one step; default: 512 on CPU, 2048 on CUDA"),
+        Option("--block-size", None, optional_int,
+               help="KV tokens per block; default: 8 on CPU, 16 on CUDA"),
+        Option("--num-blocks", None, optional_int, help="KV blocks; default: from memory"),
+        Option("--kv-cache-memory", None, optional_int,
+               help="KV cache bytes per rank (CPU); default: the worker's"),
+        Option("--gpu-memory-utilization", 0.9, float),
+        Option("--max-waiting", 4096, int, help="waiting requests beyond which new are refused"),
+        Option("--policy", "fcfs", choices=("fcfs", "priority")),
+        Option("--scheduling-policy", "fcfs", choices=("fcfs", "priority")),
+        Option("--no-prefix-caching", False, switch=True),
+        Option("--no-enable-prefix-caching", True, switch=True, dest_name="enable_prefix_caching"),
+        Option("--worker-timeout", 10.0, float,
+               help="seconds without a worker's heartbeat before it counts as lost"),
+        Option("--step-timeout", 60.0, float,
+               help="seconds a step's result may take (a worker that heartbeats is alive)"),
+        Option("--drain-timeout", 5.0, float),
+        Option("--worker-recovery-timeout", 60.0, float,
+               help="seconds without workers after which unfinished requests are failed"),
+        # the worker
+        Option("--rank", 0, int),
+        Option("--device", "auto", choices=("auto", "cpu", "cuda")),
+        Option("--attention-backend", "auto", choices=("auto", "torch", "triton")),
+        Option("--scheduler-timeout", 10.0, float,
+               help="seconds without a scheduler heartbeat before dropping state and re-attaching"),
+        Option("--master-addr", _LOOPBACK),
+        Option("--master-port", 29555, int),
+        # where the processes meet
+        Option("--redis-url", _LOCAL_REDIS),
+        Option("--namespace", DEFAULT_NAMESPACE, help="prefix of every Redis key"),
+        Option("--engine-id", None),
+        Option("--gateway-id", "", help="default: random"),
+        Option("--host", _LOOPBACK, help="bind address (loopback)"),
+        Option("--port", 8000, int),
+        Option("--scheduler-host", _LOOPBACK),
+        Option("--plan-port", 5555, int),
+        Option("--result-port", 5556, int),
+        Option("--plan-address", None, help="ZeroMQ plan endpoint (tcp:// or ipc://); "
+               "default: tcp:// on the host and --plan-port"),
+        Option("--result-address", None, help="ZeroMQ result endpoint (tcp:// or ipc://); "
+               "default: tcp:// on the host and --result-port"),
+        # the gateway
+        Option("--api-key", None, help="require `Authorization: Bearer KEY`"),
+        Option("--metrics-require-key", False, switch=True,
+               help="ask for the API key on /metrics too (open by default)"),
+        Option("--max-pending-requests", 4096, int),
+        Option("--shutdown-timeout", 30.0, float,
+               help="on SIGTERM: seconds open requests may take before they are aborted"),
+        Option("--engine-loss-timeout", 30.0, float,
+               help="seconds without any live engine after which open requests fail with a 503"),
+        # serve
+        Option("--num-gateways", 1, int, help="replicas on PORT, PORT+1, ..."),
+        Option("--startup-timeout", 600.0, float,
+               help="seconds to wait for every process to be ready"),
+    )
+}  # fmt: skip
+
+
+def use(name: str, **changes: Any) -> Option:
+    """The table's option `name`, adjusted for one parser (default, help, choices...)."""
+    return replace(OPTIONS[name], **changes)
+
+
+def add_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup, *options: str | Option
+) -> None:
+    """Add each option (a table name, or an adjusted `use(...)`) to `parser`."""
+    for option in options:
+        (OPTIONS[option] if isinstance(option, str) else option).add_to(parser)
+
+
+def option_argv(values: Mapping[str, Any]) -> list[str]:
+    """A child's command line from {dest: value}, in the table's spelling of each flag."""
+    argv: list[str] = []
+    for dest, value in values.items():
+        argv += OPTIONS[dest].to_argv(value)
+    return argv

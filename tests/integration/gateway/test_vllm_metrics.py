@@ -1,0 +1,70 @@
+"""The vLLM metrics beyond the basics: per-request sizes, parameters and phase times measured
+by the gateway; tokens per step and the cache shape from the engines' status records."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from shared.iteration_histogram import IterationHistogram
+from shared.status import EngineStatus
+from tests.integration.gateway.scripted_engine import DEFAULT_REPLY
+from tests.integration.gateway.test_health_metrics import publish, sample
+
+pytestmark = pytest.mark.integration
+
+
+def wait_for_sample(client, name: str, value: float, timeout_s: float = 20.0) -> str:
+    """/metrics once `name` reaches `value` (the engine-time histograms are observed after a
+    Redis read that follows the response)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        text = client.get("/metrics").text
+        if sample(text, name) >= value or time.monotonic() > deadline:
+            return text
+        time.sleep(0.05)
+
+
+def test_request_histograms(gateway, info):
+    reply_len = len(info.tokenizer.encode(DEFAULT_REPLY, add_special_tokens=False))
+    with gateway.client() as c:
+        c.post("/v1/completions", json={"prompt": "one two", "n": 2, "max_tokens": 4})
+        c.post("/v1/completions", json={"prompt": "[eos] hi", "max_tokens": 50})
+        text = wait_for_sample(c, "vllm:request_inference_time_seconds_count", 3)
+    prompt_lens = 2 * len(info.tokenizer.encode("one two")) + len(info.tokenizer.encode("[eos] hi"))
+    assert sample(text, "vllm:request_prompt_tokens_count") == 3
+    assert sample(text, "vllm:request_prompt_tokens_sum") == prompt_lens
+    assert sample(text, "vllm:request_generation_tokens_sum") == 2 * 4 + reply_len + 1
+    assert sample(text, "vllm:request_params_n_sum") == 2 + 2 + 1
+    assert sample(text, "vllm:request_params_max_tokens_sum") == 4 + 4 + 50
+    for phase in ("prefill", "decode", "inference"):
+        assert sample(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
+    inference = sample(text, "vllm:request_inference_time_seconds_sum")
+    decode = sample(text, "vllm:request_decode_time_seconds_sum")
+    assert inference >= decode > 0  # the scripted engine sleeps between tokens
+
+
+def test_iteration_tokens_and_cache_config_from_the_engines(gateway):
+    histograms = [IterationHistogram(), IterationHistogram()]
+    for tokens in (1, 5, 100):
+        histograms[0].observe(tokens)
+    histograms[1].observe(3000)
+    for index, histogram in enumerate(histograms):
+        publish(gateway, EngineStatus(
+            f"e{index}", time=time.time(), workers_alive=True, num_total_blocks=500 + index,
+            block_size=16, iteration_tokens=histogram.encode(),
+        ))  # fmt: skip
+    with gateway.client() as c:
+        text = c.get("/metrics").text
+    assert sample(text, "vllm:iteration_tokens_total_count") == 4
+    assert sample(text, "vllm:iteration_tokens_total_sum") == 3106
+    buckets = dict(re.findall(r'^vllm:iteration_tokens_total_bucket\{le="([^"]+)",[^}]*\} (\S+)$',
+                              text, re.M))  # fmt: skip
+    assert float(buckets["1.0"]) == 1 and float(buckets["8.0"]) == 2
+    assert float(buckets["128.0"]) == 3 and float(buckets["+Inf"]) == 4
+    infos = re.findall(r"^vllm:cache_config_info\{([^}]*)\} 1\.0$", text, re.M)
+    assert len(infos) == 2
+    assert all('block_size="16"' in labels for labels in infos)
+    assert any('num_gpu_blocks="501"' in labels for labels in infos)

@@ -1,0 +1,114 @@
+"""pagedserve vs transformers serve: one server measured (warm-up, levels, greedy texts)
+against a fake server, and the per-level comparison and report built from two results."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+
+from benchmarks.transformers_serve import TransformersServeEndpoint
+from benchmarks.vs_transformers_serve import (
+    build_parser,
+    compare,
+    format_comparison,
+    measure_server,
+    report_section,
+    workload_args,
+)
+from services.cli.loadgen.runner import LoadConfig, plan_levels, warmup_requests
+from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
+from tests.unit.benchmarks.fake_openai_server import fake_openai_server
+from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
+
+PROMPTS = LengthDistribution(median=8, sigma=0.5, min_len=4, max_len=20)
+OUTPUTS = LengthDistribution(median=3, sigma=0.5, min_len=2, max_len=6)
+
+
+def test_one_server_is_warmed_measured_per_level_and_checked() -> None:
+    tokenizer = FakeTokenizer()
+    requests = synthetic_workload(tokenizer, 5, PROMPTS, OUTPUTS, seed=1)
+    loads = [LoadConfig(max_concurrency=c) for c in (2, 5)]
+    levels = plan_levels(requests, tokenizer, loads, seed=1, synthetic=True)
+    warmup = warmup_requests(requests, tokenizer, 3, seed=1 + len(loads))
+    with fake_openai_server(send_done=False) as server:
+        endpoint = TransformersServeEndpoint(server.base_url, "m")
+        result = measure_server(endpoint, levels, warmup, requests[:2])
+    assert len(server.prompts) == 3 + 2 * 5 + 2  # warm-up, two levels, the check
+    assert [r["max_concurrency"] for r in result["runs"]] == [2, 5]
+    assert all(r["num_completed"] == 5 and r["num_wrong_length"] == 0 for r in result["runs"])
+    assert result["texts"] == [" x" * r.output_len for r in requests[:2]]
+    assert result["warmup"] == {"num_requests": 3, "num_failed": 0}
+
+
+def _run(concurrency: int, tok_s: float, duration_s: float, ttft: float) -> dict:
+    dist = {"p50": ttft, "p99": 2 * ttft}
+    return {"max_concurrency": concurrency, "output_throughput": tok_s,
+            "duration_s": duration_s, "ttft_ms": dist, "tpot_ms": dict(dist)}  # fmt: skip
+
+
+def test_levels_compare_throughput_flop_share_and_latency() -> None:
+    ours = {"runs": [_run(16, 90.0, 10.0, 100.0), _run(64, 120.0, 7.5, 300.0)]}
+    theirs = {"runs": [_run(16, 30.0, 30.0, 400.0), _run(64, 30.0, 30.0, 900.0)]}
+    rows = compare(ours, theirs, flops=3e11, flops_per_s=1e11)
+    assert [r["speedup"] for r in rows] == [3.0, 4.0]
+    assert rows[0]["pagedserve_flop_fraction"] == pytest.approx(0.3)
+    assert rows[0]["transformers_flop_fraction"] == pytest.approx(0.1)
+    assert rows[1]["ttft_ms_p99"] == {"pagedserve": 600.0, "transformers": 1800.0}
+    check = {"num_requests": 16, "num_identical": 16, "mismatches": []}
+    table = format_comparison(rows, check)
+    assert "| 64 | 120.0 | 30.0 | 4.00x | 40 / 10 | 300 / 900 | 600 / 1800 |" in table
+    assert table.endswith("greedy texts identical: 16/16")
+
+
+def test_levels_must_pair_up() -> None:
+    with pytest.raises(ValueError):
+        compare({"runs": [_run(16, 1, 1, 1)]}, {"runs": []}, 1.0, 1.0)
+
+
+def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
+    rows = compare({"runs": [_run(16, 90.0, 10.0, 1.0)]}, {"runs": [_run(16, 30.0, 30.0, 1.0)]},
+                   3e11, 1e11)  # fmt: skip
+    result = {
+        "machine": {"cpu": "X", "num_cpus": 2, "isa_flags": ["avx2", "fma"],
+                    "isa_env": {"MKL_ENABLE_INSTRUCTIONS": "AVX2"},
+                    "torch_cpu_capability": "AVX2"},
+        "workload": {"num_requests": 48, "total_output_tokens": 4000},
+        "matmul_rate": {"flops_per_s": 9.6e10, "threads": 2},
+        "dtype": "float32", "threads": None, "comparison": rows,
+        "greedy_check": {"num_requests": 16, "num_identical": 16, "mismatches": []},
+        "hf_generate": {"batch_size": 16, "output_throughput": 20.0, "flop_fraction": 0.07},
+        "speedup_vs_hf": 4.5,
+    }  # fmt: skip
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "flags avx2, fma; ISA caps: MKL_ENABLE_INSTRUCTIONS=AVX2" in text
+    assert "96 GFLOP/s on 2 threads" in text and "4.50x" in text and "| 16 | 90.0 |" in text
+
+
+def test_workload_args_carry_the_suites_workload() -> None:
+    args = workload_args(build_parser().parse_args(["--num-prompts", "48"]))
+    assert args.num_prompts == 48 and args.prompt_len_range == [8, 512]
+    assert args.output_len_range == [4, 384] and args.dataset is None
+
+
+def test_saved_result_is_a_section_of_the_performance_report(tmp_path: Path) -> None:
+    from benchmarks.report_writer import build_report
+    from benchmarks.vs_transformers_serve import save
+
+    rows = compare({"runs": [_run(64, 90.0, 10.0, 1.0)]}, {"runs": [_run(64, 30.0, 30.0, 1.0)]},
+                   3e11, 1e11)  # fmt: skip
+    result = {
+        "machine": {"cpu": "X", "num_cpus": 2, "isa_flags": [], "isa_env": {},
+                    "torch_cpu_capability": "AVX512"},
+        "workload": {"num_requests": 4, "total_output_tokens": 40},
+        "matmul_rate": {"flops_per_s": 1e11, "threads": 1}, "dtype": "bfloat16", "threads": 1,
+        "comparison": rows,
+        "greedy_check": {"num_requests": 4, "num_identical": 3, "mismatches": [{"index": 2}]},
+    }  # fmt: skip
+    save(result, tmp_path / "vs_transformers_serve")
+    report = build_report(tmp_path)
+    assert "## pagedserve vs `transformers serve --continuous-batching`" in report
+    assert "| 64 | 90.0 | 30.0 | 3.00x | 30 / 10 |" in report
+    assert "greedy texts identical: 3/4" in report
+    assert (tmp_path / "vs_transformers_serve.md").read_text() in report
