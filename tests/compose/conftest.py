@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.compose.deployment import PHASES
+from tests.compose.deployment import FINDINGS, PHASES
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -25,3 +25,5 @@ def pytest_terminal_summary(terminalreporter) -> None:
     for name, seconds in PHASES.items():
         terminalreporter.write_line(f"{name:<40} {seconds:8.1f} s")
     terminalreporter.write_line(f"{'total':<40} {sum(PHASES.values()):8.1f} s")
+    for line in FINDINGS:
+        terminalreporter.write_line(line)

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -21,6 +22,13 @@ COMPOSE_DIR = REPO / "compose"
 DOCKERD_LOG = Path("/tmp/pagedserve-dockerd.log")
 APT_PACKAGES = ["docker.io", "docker-compose", "debootstrap"]
 PHASES: dict[str, float] = {}  # phase name -> seconds, printed at the end of the session
+FINDINGS: list[str] = []  # what the phases measured, printed at the end of the session
+
+
+def report(line: str) -> None:
+    """A measured result, printed now and again in the session's closing summary."""
+    FINDINGS.append(line)
+    print(f"\n[compose] {line}", flush=True)
 
 
 class NoDockerEngine(RuntimeError):
@@ -138,9 +146,23 @@ class Deployment:
 
     def gateway_id_of(self, container: str) -> str | None:
         """The id the gateway in `container` announced last (it changes on every restart)."""
-        logs = run(["docker", "logs", container], check=False, stderr=subprocess.STDOUT)
+        logs = subprocess.run(
+            ["docker", "logs", container],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            timeout=60,
+        ).stdout
         ids = re.findall(r"gateway (\S+) serving", logs)
         return ids[-1] if ids else None
+
+    def crash(self, container: str) -> None:
+        """SIGKILL to the container's main process, as a crash would: Docker's restart policy
+        applies (`docker kill` counts as a manual stop, after which Docker restarts nothing)."""
+        pid = int(self.inspect(container)["State"]["Pid"])
+        if pid <= 0:
+            raise RuntimeError(f"{container} is not running")
+        os.kill(pid, signal.SIGKILL)  # the engine's containers are processes of this host
 
     def restart_count(self, container: str) -> int:
         return int(self.inspect(container)["RestartCount"])

@@ -23,6 +23,7 @@ from tests.compose.deployment import (
     ensure_docker_engine,
     free_port,
     phase,
+    report,
     run,
     wait_for,
 )
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.compose, pytest.mark.timeout(3600)]
 GATEWAYS = 3
 SERVICES = {"redis": 1, "scheduler-cpu": 1, "worker-cpu": 1, "gateway": GATEWAYS, "lb": 1}
 MAX_TOKENS = 16
-LONG_MAX_TOKENS = 48  # fail-over streams: long enough to be cut in the middle
+LONG_MAX_TOKENS = 64  # fail-over streams: long enough to be cut in the middle
 HEALTH_TIMEOUT_S = 900  # first start converts the model into the volume on a loaded machine
 GATEWAY_HEADER = "x-pagedserve-gateway"
 
@@ -163,7 +164,7 @@ def read_text(parsed, query: Query, started: threading.Event | None) -> str:
     return text
 
 
-def ask_all(client: openai.OpenAI, batch: list[Query], workers: int = 6) -> list[Answer]:
+def ask_all(client: openai.OpenAI, batch: list[Query], workers: int = 10) -> list[Answer]:
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         return list(pool.map(lambda q: ask(client, q), batch))
 
@@ -193,8 +194,8 @@ def live_gateways(deployment: Deployment) -> set[str]:
 
 
 def test_build_and_scale_up_behind_the_load_balancer(deployment: Deployment) -> None:
-    with phase("build"):
-        deployment.compose("build", timeout=3600)
+    with phase("build"):  # every CPU service runs this one image (pagedserve:cpu)
+        deployment.compose("build", "gateway", timeout=3600)
     with phase("up --scale gateway=3 (healthy)"):
         deployment.compose("up", "-d", "--scale", f"gateway={GATEWAYS}", timeout=HEALTH_TIMEOUT_S)
         wait_for(lambda: deployment.all_healthy(SERVICES), HEALTH_TIMEOUT_S, "healthy services")
@@ -213,7 +214,7 @@ def test_thirty_greedy_requests_equal_the_in_process_engine(deployment, referenc
         assert answer.error is None, (query, answer.error)
         assert answer.text == text, (query, answer.text, text)
     served = collections.Counter(a.gateway for a in answers)
-    print(f"\n[compose] requests per gateway replica: {dict(served)}", flush=True)
+    report(f"requests per gateway replica: {dict(served)}")
     assert len(served) == GATEWAYS and "" not in served, served
     assert set(served) == set(gateway_containers(deployment))
 
@@ -225,7 +226,7 @@ def test_queue_inside_the_deployment_lists_engine_gateways_and_an_empty_queue(
         snapshot = wait_for(
             lambda: (s := deployment.queue())["stream"]["pending"] == 0 and s, 60, "an empty queue"
         )
-    print(f"\n[compose] queue: {snapshot['stream']}", flush=True)
+    report(f"queue at the end: {snapshot['stream']}, gateways {snapshot['gateways']}")
     assert [e["engine_id"] for e in snapshot["engines"] if e["alive"]] == ["engine0"]
     assert live_gateways(deployment) == set(gateway_containers(deployment))
     assert len(live_gateways(deployment)) == GATEWAYS
@@ -244,19 +245,21 @@ def test_killed_gateway_other_streams_finish_and_restart_brings_it_back(
     with phase("kill a gateway mid-load"):
         running, futures = start_streams(client, batch)
         by_id = gateway_containers(deployment)
-        victim_id = collections.Counter(
+        serving = collections.Counter(
             a.gateway for a, f in zip(running, futures, strict=True) if not f.done()
-        ).most_common(1)[0][0]
+        )
+        assert serving, "every stream finished before the crash: raise LONG_MAX_TOKENS"
+        victim_id = serving.most_common(1)[0][0]
         victim = by_id[victim_id]
         restarts = deployment.restart_count(victim)
-        run(["docker", "kill", victim])
+        deployment.crash(victim)
         answers = [f.result(timeout=600) for f in futures]
         after = ask_all(client, queries(9, tag="[after kill] "))
     survivors = [(a, t) for a, t in zip(answers, expected, strict=True) if a.gateway != victim_id]
     cut = len(answers) - len(survivors)
     spread = dict(collections.Counter(a.gateway for a in after))
-    print(f"\n[compose] gateway kill: {len(survivors)} streams on other replicas finished "
-          f"exactly, {cut} cut on the killed one; requests after the kill: {spread}")  # fmt: skip
+    report(f"gateway crash: {len(survivors)} streams on other replicas finished exactly, "
+           f"{cut} cut on the crashed one; requests after the crash: {spread}")  # fmt: skip
     assert survivors and all(a.error is None and a.text == t for a, t in survivors)
     assert all(a.error is None for a in after), [a.error for a in after]
     assert victim_id not in {a.gateway for a in after}
@@ -279,7 +282,7 @@ def test_killed_scheduler_restarts_and_streams_finish_exactly(deployment, refere
     restarts = deployment.restart_count(scheduler)
     with phase("kill the scheduler mid-load"):
         _, futures = start_streams(client, batch)
-        run(["docker", "kill", scheduler])
+        deployment.crash(scheduler)
         answers = [f.result(timeout=900) for f in futures]
     for query, answer, text in zip(batch, answers, expected, strict=True):
         assert answer.error is None, (query, answer.error)
@@ -288,8 +291,9 @@ def test_killed_scheduler_restarts_and_streams_finish_exactly(deployment, refere
     wait_for(lambda: deployment.all_healthy(SERVICES), HEALTH_TIMEOUT_S, "healthy after restart")
     engines = [e["engine_id"] for e in deployment.queue()["engines"] if e["alive"]]
     assert engines == engine_before == ["engine0"]
-    print(f"\n[compose] scheduler kill: {len(answers)} greedy streams finished exactly "
-          f"after the restart (engine {engines[0]})", flush=True)  # fmt: skip
+    restarted = deployment.restart_count(scheduler)
+    report(f"scheduler crash: {len(answers)} greedy streams finished exactly after the "
+           f"restart (engine {engines[0]}, restart count {restarted})")  # fmt: skip
 
 
 def test_down_leaves_nothing_behind(deployment: Deployment) -> None:
