@@ -200,6 +200,25 @@ def attention_flops(case: BenchCase) -> int:
     return 4 * num_pairs * case.num_heads * case.head_dim
 
 
+def kv_write_launchers(
+    i: dict[str, torch.Tensor],
+) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
+    import kernels
+    from kernels import reference
+
+    k_ref, v_ref = i["k_cache"].clone(), i["v_cache"].clone()
+
+    def write() -> torch.Tensor:
+        kernels.write_kv_cache(i["key"], i["value"], i["k_cache"], i["v_cache"], i["slot_mapping"])
+        return i["k_cache"]
+
+    def write_reference() -> torch.Tensor:
+        reference.write_kv_cache(i["key"], i["value"], k_ref, v_ref, i["slot_mapping"])
+        return k_ref
+
+    return write, write_reference
+
+
 def launchers(
     case: BenchCase, inputs: dict[str, torch.Tensor]
 ) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
@@ -212,19 +231,7 @@ def launchers(
     scale = case.head_dim**-0.5
     i = inputs
     if case.op == "kv_write":
-        k_ref, v_ref = i["k_cache"].clone(), i["v_cache"].clone()
-
-        def write() -> torch.Tensor:
-            kernels.write_kv_cache(
-                i["key"], i["value"], i["k_cache"], i["v_cache"], i["slot_mapping"]
-            )
-            return i["k_cache"]
-
-        def write_reference() -> torch.Tensor:
-            reference.write_kv_cache(i["key"], i["value"], k_ref, v_ref, i["slot_mapping"])
-            return k_ref
-
-        return write, write_reference
+        return kv_write_launchers(inputs)
     cache = (i["k_cache"], i["v_cache"], i["block_tables"])
     if case.op == "decode":
         max_len = max(case.context_lens)

@@ -129,11 +129,7 @@ def compare(inproc: dict[str, Any], pipe: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> None:
-    from transformers import AutoTokenizer
-
-    from services.gpu_worker.default_model import ensure_model
-
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.pipeline_overhead", description=__doc__)
     p.add_argument("--model", default="smollm2")
     p.add_argument("--dtype", default="auto")
@@ -149,7 +145,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="in-process torch threads")
     p.add_argument("--worker-threads", type=int, default=None, help="the worker's OMP threads")
     p.add_argument("--out", default="benchmarks/results/pipeline_overhead")
-    args = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    from transformers import AutoTokenizer
+
+    from services.gpu_worker.default_model import ensure_model
+
+    args = build_parser().parse_args(argv)
     model_dir = ensure_model(args.model)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     requests = synthetic_workload(
