@@ -67,6 +67,11 @@ def _worker(rank: int, port: int, model_dirs: list[str], plans_per_model: list, 
                 queue.put((model_dir, results))
             else:
                 assert all(r is None for r in results)
+        # Leave together: a rank that tears gloo down while its peer is still connected can
+        # abort the peer ("terminate called without an active exception", seen under load).
+        import torch.distributed as dist
+
+        dist.barrier()
     finally:
         destroy_tensor_parallel()
 
