@@ -265,40 +265,17 @@ def paged_decode_attention(
         target_strides = (*out.stride()[:2], 0)
         lse_strides = (0, 0)
     paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        target,
-        lse,
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        seq_lens,
-        scale * LOG2_E,
-        tiles_per_split,
-        *query.stride()[:2],
-        *target_strides,
-        *lse_strides,
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
-        block_tables.stride(0),
-        GROUP=group,
-        GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
-        HEAD_DIM=head_dim,
-        HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size,
-        TILE_N=tile_n,
-        SPLIT=split,
-        UPCAST=upcast_for_dot(query),
+        target, lse, query, k_cache, v_cache, block_tables, seq_lens, scale * LOG2_E,
+        tiles_per_split, *query.stride()[:2], *target_strides, *lse_strides,
+        *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
+        GROUP=group, GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
+        HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE_N=tile_n, SPLIT=split, UPCAST=upcast_for_dot(query),
         num_warps=decode_num_warps(query.dtype, query.device),
-    )
+    )  # fmt: skip
     if split:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out,
-            partial,
-            lse,
-            *out.stride()[:2],
-            num_splits,
-            SPLITS_PAD=next_power_of_2(num_splits),
-            HEAD_DIM=head_dim,
-            HEAD_PAD=next_power_of_2(head_dim),
-        )
+            out, partial, lse, *out.stride()[:2], num_splits,
+            SPLITS_PAD=next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_PAD=next_power_of_2(head_dim),
+        )  # fmt: skip
     return out

@@ -289,29 +289,14 @@ def paged_prefill_attention(
     if math.prod(launch_grid) == 0:
         return out
     paged_prefill_kernel[launch_grid](
-        out,
-        query,
-        k_cache,
-        v_cache,
-        block_tables,
-        query_start_loc,
-        seq_lens,
+        out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
         work_items if grid == "flat" else seq_lens,  # unused without FLAT_GRID
         scale * LOG2_E,
-        *query.stride()[:2],
-        *out.stride()[:2],
-        *k_cache.stride()[:3],
-        *v_cache.stride()[:3],
+        *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0),
-        NUM_KV_HEADS=num_kv_heads,
-        GROUP=group,
-        GROUP_PAD=group_pad,
-        BLOCK_Q=block_q,
-        HEAD_DIM=head_dim,
-        HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
-        BLOCK_SIZE=block_size,
-        TILE_N=max(tile, block_size),
-        UPCAST=upcast_for_dot(query),
+        NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
+        HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
+        BLOCK_SIZE=block_size, TILE_N=max(tile, block_size), UPCAST=upcast_for_dot(query),
         FLAT_GRID=grid == "flat",
-    )
+    )  # fmt: skip
     return out
