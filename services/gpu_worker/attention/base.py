@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -41,7 +42,7 @@ class AttentionMetadata:
     multi_token_seqs: list[int]  # sequences with several new tokens
     # What a backend derives from this step's facts once and every layer reuses (e.g. the
     # Triton prefill kernel's work list), keyed by the backend.
-    backend_scratch: dict[str, torch.Tensor] = field(default_factory=dict)
+    backend_scratch: dict[str, Any] = field(default_factory=dict)
 
     @property
     def num_seqs(self) -> int:

@@ -68,15 +68,25 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos", freqs.cos(), persistent=False)
         self.register_buffer("sin", freqs.sin(), persistent=False)
 
+    def angles(self, positions: torch.Tensor) -> RopeAngles:
+        """cos and sin at `positions`, [T, 1, D/2] each: the same for every layer, so a model
+        takes them once per forward pass."""
+        return self.cos[positions].unsqueeze(1), self.sin[positions].unsqueeze(1)
+
     def forward(
         self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:  # q [T, Hq, D], k [T, Hkv, D]
-        cos = self.cos[positions].unsqueeze(1)  # [T, 1, D/2]
-        sin = self.sin[positions].unsqueeze(1)
-        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+        angles = self.angles(positions)
+        return rotate(q, angles), rotate(k, angles)
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+RopeAngles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D/2]
+
+
+def rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+    """x [T, H, D] rotated by its tokens' angles, in float32. Heads are independent, so the
+    queries and keys of a layer may be rotated in one call."""
+    cos, sin = angles
     # The "rotate half" convention of HF Llama checkpoints (not interleaved pairs).
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)

@@ -22,7 +22,7 @@ from services.gpu_worker.layers.linear import (
     RowParallelLinear,
 )
 from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.layers.rotary import RotaryEmbedding
+from services.gpu_worker.layers.rotary import RopeAngles, RotaryEmbedding, rotate
 
 
 def _cfg(config: Any, name: str, default: Any) -> Any:
@@ -43,19 +43,13 @@ class LlamaAttention(nn.Module):
         self.num_heads = self.qkv_proj.num_heads  # per rank
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.o_proj = RowParallelLinear(num_heads * self.head_dim, config.hidden_size)
-        # transformers >= 5 keeps theta and scaling in rope_parameters; older ones split them.
-        rope = dict(
-            _cfg(config, "rope_parameters", None) or _cfg(config, "rope_scaling", None) or {}
-        )
-        theta = rope.get("rope_theta", _cfg(config, "rope_theta", 10000.0))
-        self.rotary = RotaryEmbedding(self.head_dim, config.max_position_embeddings, theta, rope)
         self.attn = backend_cls(
             self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5
         )
 
     def forward(
         self,
-        positions: torch.Tensor,  # [T]
+        angles: RopeAngles,  # the tokens' rotary angles
         hidden: torch.Tensor,  # [T, H]
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
@@ -63,11 +57,11 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden.shape[0]
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
-        q, k, v = self.qkv_proj(hidden).split([q_size, kv_size, kv_size], dim=-1)
-        q = q.view(num_tokens, self.num_heads, self.head_dim)
-        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)
+        qk, v = self.qkv_proj(hidden).split([q_size + kv_size, kv_size], dim=-1)
+        # Queries and keys rotated in one call (heads are independent): half the small ops.
+        qk = rotate(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), angles)
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
-        q, k = self.rotary(positions, q, k)
         out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], metadata)  # [T, Hq, D]
         return self.o_proj(out.reshape(num_tokens, q_size))
 
@@ -98,16 +92,23 @@ class LlamaDecoderLayer(nn.Module):
 
     def forward(
         self,
-        positions: torch.Tensor,
+        angles: RopeAngles,
         hidden: torch.Tensor,
         residual: torch.Tensor | None,
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         normed, residual = self.input_layernorm(hidden, residual)
-        hidden = self.self_attn(positions, normed, kv_cache, metadata)
+        hidden = self.self_attn(angles, normed, kv_cache, metadata)
         normed, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(normed), residual
+
+
+def _rotary_embedding(config: Any, head_dim: int) -> RotaryEmbedding:
+    # transformers >= 5 keeps theta and scaling in rope_parameters; older ones split them.
+    rope = dict(_cfg(config, "rope_parameters", None) or _cfg(config, "rope_scaling", None) or {})
+    theta = rope.get("rope_theta", _cfg(config, "rope_theta", 10000.0))
+    return RotaryEmbedding(head_dim, config.max_position_embeddings, theta, rope)
 
 
 # Checkpoint names that load into one merged parameter: (ours, theirs, shard id).
@@ -129,6 +130,7 @@ class LlamaForCausalLM(nn.Module):
             LlamaDecoderLayer(config, backend_cls) for _ in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, _cfg(config, "rms_norm_eps", 1e-6))
+        self.rotary = _rotary_embedding(config, self.head_dim)
         self.tie_word_embeddings = bool(_cfg(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if self.tie_word_embeddings:
@@ -151,8 +153,9 @@ class LlamaForCausalLM(nn.Module):
     ) -> torch.Tensor:  # [T, H] final hidden states
         hidden = self.embed_tokens(token_ids)
         residual = None
+        angles = self.rotary.angles(positions)  # the same in every layer
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            hidden, residual = layer(positions, hidden, residual, kv_cache, metadata)
+            hidden, residual = layer(angles, hidden, residual, kv_cache, metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
 
