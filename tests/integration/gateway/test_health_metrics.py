@@ -21,18 +21,29 @@ def publish(gateway, status: EngineStatus) -> None:
     r.close()
 
 
+def eventually(get, check, timeout_s: float = 10.0):
+    """`get()` once `check` holds for it: /health and /metrics answer from a view of Redis
+    refreshed every 0.25 s, so a record just written shows within a moment, not at once."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = get()
+        if check(value) or time.monotonic() > deadline:
+            return value
+        time.sleep(0.05)
+
+
 def test_health_follows_engine_status(gateway):
     with gateway.client() as c:
         r = c.get("/health")
         assert r.status_code == 503 and r.json()["reason"] == "no engine has registered"
         publish(gateway, EngineStatus("e1", time=time.time() - 60, workers_alive=True))
-        r = c.get("/health")
+        r = eventually(lambda: c.get("/health"), lambda r: "e1" in r.text)
         assert r.status_code == 503 and "e1: status 60" in r.json()["reason"]
         publish(gateway, EngineStatus("e1", time=time.time(), workers_alive=False))
-        r = c.get("/health")
+        r = eventually(lambda: c.get("/health"), lambda r: "workers_alive=False" in r.text)
         assert r.status_code == 503 and "workers_alive=False" in r.json()["reason"]
         publish(gateway, EngineStatus("e1", time=time.time(), workers_alive=True))
-        r = c.get("/health")
+        r = eventually(lambda: c.get("/health"), lambda r: r.status_code == 200)
         assert r.status_code == 200 and r.json() == {"status": "ok", "engines": ["e1"]}
 
 
@@ -81,7 +92,9 @@ def test_metrics_names_and_values(gateway):
     with gateway.client() as c:
         c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
         c.post("/v1/completions", json={"prompt": "x", "max_tokens": 60, "stop": ["world"]})
-        text = c.get("/metrics").text
+        text = eventually(
+            lambda: c.get("/metrics").text, lambda t: "vllm:num_requests_running{" in t
+        )
     assert sample(text, "vllm:num_requests_running") == 3
     assert sample(text, "vllm:num_requests_waiting") == 2
     assert sample(text, "vllm:kv_cache_usage_perc") == 0.25
@@ -105,7 +118,7 @@ def test_metrics_count_the_restarts_serve_published(gateway):
         with gateway.client() as c:
             assert "pagedserve:process_restarts_total{" not in c.get("/metrics").text
             r.hset(keys.process_restarts, mapping={"worker0": 2, "redis": 1})
-            text = c.get("/metrics").text
+            text = eventually(lambda: c.get("/metrics").text, lambda t: "restarts_total{" in t)
     finally:
         r.delete(keys.process_restarts)
         r.close()

@@ -100,7 +100,12 @@ def start_streams(gateway: RunningGateway) -> list[StreamReader]:
     return readers
 
 
+STALL_NOTICED_S = 1.0  # the status view notices within 0.75 s: a refresh, then a 0.5 s bound
+
+
 def assert_health_is_fast_503(gateway: RunningGateway) -> None:
+    """Once the gateway has had time to notice the outage, /health says so, fast."""
+    time.sleep(STALL_NOTICED_S)
     with gateway.client(timeout=10) as c:
         started = time.monotonic()
         answer = c.get("/health")

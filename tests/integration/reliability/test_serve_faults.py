@@ -174,6 +174,7 @@ async def streams_through_a_redis_stall(
         os.kill(redis_pid, signal.SIGSTOP)
         try:
             stalled_until = time.monotonic() + stall_s
+            await asyncio.sleep(1.0)  # the gateway's status view notices a stall within 0.75 s
             while time.monotonic() < stalled_until:
                 health_answers.append(await asyncio.to_thread(_timed_health, serve.base_url))
                 await asyncio.sleep(5)
