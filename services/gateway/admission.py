@@ -24,12 +24,13 @@ def check_text_fits(
     max_tokens: int | None,
     prompt_param: str = "prompt",
     max_tokens_param: str = "max_tokens",
+    vanishing: str = "",
 ) -> None:
     """A 400, before tokenizing, for a text of `EXACT_BELOW_CHARS` or more that cannot fit
     `max_model_len` (with its `max_tokens`) however it tokenizes."""
     if bytes_per_token is None or len(text) < EXACT_BELOW_CHARS:
         return
-    num_min = min_num_tokens(text, bytes_per_token)
+    num_min = min_num_tokens(text, bytes_per_token, vanishing)
     if num_min >= max_model_len:
         raise bad_request(
             f"the prompt has at least {num_min} tokens ({len(text)} characters, no token "
@@ -62,7 +63,11 @@ def admit_completion(request: CompletionRequest, info: TokenizerInfo, max_seqs: 
     for prompt in request.prompts:
         if isinstance(prompt, str):  # token id lists are checked exactly, for free, later
             check_text_fits(
-                prompt, info.max_bytes_per_token, info.max_model_len, request.sampling.max_tokens
+                prompt,
+                info.max_bytes_per_token,
+                info.max_model_len,
+                request.sampling.max_tokens,
+                vanishing=info.vanishing_chars,
             )
 
 

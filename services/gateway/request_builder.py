@@ -71,7 +71,13 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
     max_tokens, param = request.sampling.max_tokens, request.max_tokens_param
     check_text_fits(
-        text, info.max_bytes_per_token, info.max_model_len, max_tokens, "messages", param
+        text,
+        info.max_bytes_per_token,
+        info.max_model_len,
+        max_tokens,
+        "messages",
+        param,
+        info.vanishing_chars,
     )  # before tokenizing: a huge conversation is refused for the cost of its length
     # The template writes the special tokens itself; adding them again would double the BOS.
     # (unless the client asks, as vLLM's `add_special_tokens` lets it)

@@ -2,6 +2,10 @@
 `max_bytes_per_token` bytes, and a character is at least one byte, so a text of C characters
 holds at least ceil(C / max_bytes_per_token) tokens.
 
+Characters the tokenizer drops altogether are not counted: SmolLM2's drops six control
+characters (U+0004, U+0006, U+0013, U+0014, U+0016, U+001D), found at load by encoding every
+control and format character (`vanishing_chars`).
+
 The bound only holds when the tokenizer's normalizer never shortens text (one that strips or
 collapses whitespace does): for such a tokenizer `max_bytes_per_token` is None and no size
 check is made (tokenizing stays bounded by the body size and the tokenizer pool).
@@ -11,6 +15,8 @@ from __future__ import annotations
 
 import json
 import logging
+import sys
+import unicodedata
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -71,5 +77,17 @@ def _shrinking_replace(component: Any) -> bool:
     return any(_shrinking_replace(v) for v in component.values() if isinstance(v, dict | list))
 
 
-def min_num_tokens(text: str, bytes_per_token: int) -> int:
-    return -(-len(text) // bytes_per_token)
+def min_num_tokens(text: str, bytes_per_token: int, vanishing: str = "") -> int:
+    """At least this many tokens encode `text`; characters in `vanishing` (those the tokenizer
+    drops, `vanishing_chars`) are not counted."""
+    num_counted = len(text) - sum(text.count(c) for c in vanishing)
+    return -(-num_counted // bytes_per_token)
+
+
+def vanishing_chars(tokenizer: Any) -> str:
+    """The control and format characters (Unicode Cc and Cf) that `tokenizer` drops: a run of
+    them encodes to no token at all. Other characters each leave at least one byte in some
+    token."""
+    candidates = (chr(c) for c in range(sys.maxunicode + 1))
+    controls = [c for c in candidates if unicodedata.category(c) in ("Cc", "Cf")]
+    return "".join(c for c in controls if not tokenizer.encode(c * 3, add_special_tokens=False))

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.gateway.token_bound import max_bytes_per_token
+from services.gateway.token_bound import max_bytes_per_token, vanishing_chars
 from shared.model_facts import read_model_facts
 from shared.model_files import (
     cache_dir,
@@ -34,6 +34,7 @@ class TokenizerInfo:
     max_model_len: int
     vocab_size: int
     max_bytes_per_token: int | None = None  # no token is longer (None: no safe bound)
+    vanishing_chars: str = ""  # characters the tokenizer drops (not counted by the bound)
     # Logprobs name the same few thousand tokens again and again: decode each once.
     _token_texts: dict[int, str] = field(default_factory=dict, repr=False, compare=False)
 
@@ -116,6 +117,7 @@ def tokenizer_info(
         max_model_len=max_model_len,
         vocab_size=len(tokenizer),
         max_bytes_per_token=max_bytes_per_token(tokenizer),
+        vanishing_chars=vanishing_chars(tokenizer),
     )
 
 

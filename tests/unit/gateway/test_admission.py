@@ -27,7 +27,15 @@ def test_the_bound_never_exceeds_the_real_token_count(text: str) -> None:
     info = load_test_tokenizer()
     assert info.max_bytes_per_token is not None
     num_tokens = len(info.tokenizer.encode(text, add_special_tokens=False))
-    assert min_num_tokens(text, info.max_bytes_per_token) <= num_tokens
+    assert min_num_tokens(text, info.max_bytes_per_token, info.vanishing_chars) <= num_tokens
+
+
+def test_characters_the_tokenizer_drops_are_not_counted() -> None:
+    info = load_test_tokenizer()
+    assert "\x1d" in info.vanishing_chars and "a" not in info.vanishing_chars
+    assert info.tokenizer.encode("\x1d" * 5, add_special_tokens=False) == []
+    assert min_num_tokens("\x1d" * 5, 81, info.vanishing_chars) == 0
+    assert min_num_tokens("a\x1d", 81, info.vanishing_chars) == 1
 
 
 def _word_level(normalizer: normalizers.Normalizer | None) -> PreTrainedTokenizerFast:
