@@ -4,7 +4,8 @@
   {"name", "schema", "strict"}}, in chat and completions; `tools` with `tool_choice`
   "required" or a named function (chat only; see `tool_calls`).
 - vLLM: `structured_outputs` {"json" | "regex" | "choice" | "grammar" | "json_object"} and the
-  older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
+  older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`. A grammar is EBNF/GBNF
+  or Lark, told apart by its syntax (`grammar_syntax`).
 
 At most one of them per request. Shape errors are 400s naming the parameter; whether a
 schema, regex or grammar compiles is checked by `grammar_validator` before anything is queued.
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.errors import bad_request
+from services.gateway.grammar_syntax import is_lark
 from services.gateway.tool_calls import ToolCallMode, read_tool_choice
 from shared.protocol import StructuredOutput
 
@@ -117,7 +119,8 @@ def _from_vllm_form(kind: str, value: Any, param: str) -> StructuredOutput:
     if kind == "choice":
         return choice_spec(value, param)
     if kind == "grammar":
-        return StructuredOutput("grammar", _text(value, param))
+        grammar = _text(value, param)
+        return StructuredOutput("lark" if is_lark(grammar) else "grammar", grammar)
     if value is not True:
         raise bad_request(f"`{param}` must be true", param)
     return StructuredOutput("json_object", "")

@@ -81,6 +81,8 @@ class GrammarCompiler:
                 compiled = compiler.compile_regex(spec.spec)
             elif spec.kind == "grammar":
                 compiled = compiler.compile_grammar(spec.spec)
+            elif spec.kind == "lark":
+                compiled = compiler.compile_lark(spec.spec)
             else:
                 raise GrammarCompileError(f"unknown structured output kind {spec.kind!r}")
         except GrammarCompileError:

@@ -17,6 +17,7 @@ from shared.protocol import SamplingParams, StructuredOutput
 from tests.integration.pipeline.served_model import build_served_model
 
 CHOICE = StructuredOutput("grammar", 'root ::= "yes" | "no"')
+LARK_CHOICE = StructuredOutput("lark", 'start: YES | "no"\nYES: "yes"')
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,11 @@ def params(spec: StructuredOutput, eos: int) -> SamplingParams:
     return SamplingParams(structured_output=spec, eos_token_ids=(eos,))
 
 
-def test_masks_follow_the_grammar_and_end_on_eos(book, tokenizer):
+@pytest.mark.parametrize("spec", [CHOICE, LARK_CHOICE])
+def test_masks_follow_the_grammar_and_end_on_eos(book, tokenizer, spec):
     eos, vocab = tokenizer.eos_token_id, len(tokenizer)
-    book.track("a", params(CHOICE, eos))
-    book.compiler.compile(CHOICE).result()
+    book.track("a", params(spec, eos))
+    book.compiler.compile(spec).result()
     masks = book.start_masks([("a", [])]).result()
     first = allowed_ids(masks.bitmask[0], vocab)
     texts = {tokenizer.decode([t]) for t in first}
