@@ -35,7 +35,7 @@ class StructuredRequest:
 
     output: StructuredOutput
     param: str  # the parameter it came from, for error messages
-    tool_call: ToolCallMode | None = None
+    tool_call: ToolCallMode | None = None  # None: not a forced call ("auto" reads its own)
 
 
 def json_spec(schema: Any, param: str) -> StructuredOutput:

@@ -39,5 +39,7 @@ def _rewrite(node: Any) -> Any:
 
 
 def fix_json_schema(schema_text: str) -> str:
-    """The schema (JSON text) with xgrammar's known gaps worked around."""
-    return json.dumps(_rewrite(json.loads(schema_text)), sort_keys=True)
+    """The schema (JSON text) with xgrammar's known gaps worked around. Key order is kept:
+    xgrammar generates an object's properties in the schema's order (a forced Hermes call
+    must write its "name" before its "arguments")."""
+    return json.dumps(_rewrite(json.loads(schema_text)))

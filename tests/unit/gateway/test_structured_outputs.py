@@ -112,7 +112,8 @@ def test_tools_named_required_none_and_auto():
     schema = json.loads(required.sampling.structured.output.spec)
     assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
     assert chat(tools=[WEATHER], tool_choice="none").sampling.structured is None
-    refused(chat, "tool_choice", "'auto' is not supported", tools=[WEATHER])
+    auto = chat(tools=[WEATHER])  # "auto": unconstrained; the gateway reads the calls
+    assert auto.auto_tools and auto.sampling.structured is None and auto.tools == [WEATHER]
     refused(chat, "tool_choice", "not in `tools`", tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "nope"}})  # fmt: skip
 
