@@ -43,6 +43,8 @@ def library_error(spec: StructuredOutput) -> str | None:
             xgrammar.Grammar.from_ebnf(spec.spec)
         elif spec.kind == "lark":
             xgrammar.Grammar.from_lark(spec.spec)
+        elif spec.kind == "structural_tag":
+            xgrammar.Grammar.from_structural_tag(spec.spec)
     except jsonschema.SchemaError as exc:
         where = "/".join(str(p) for p in exc.absolute_path) or "the top level"
         return f"the JSON schema is invalid at {where}: {exc.message}"
@@ -74,7 +76,7 @@ class GrammarValidator:
                 self._errors.popitem(last=False)
         if error is not None:
             what = {"json": "JSON schema", "regex": "regex", "grammar": "EBNF grammar",
-                    "lark": "Lark grammar"}[spec.kind]  # fmt: skip
+                    "lark": "Lark grammar", "structural_tag": "tool schema"}[spec.kind]  # fmt: skip
             hint = {"grammar": " (EBNF/GBNF: root ::= ...; or Lark: start: ...)",
                     "lark": " (Lark: start: ...)"}.get(spec.kind, "")  # fmt: skip
             raise bad_request(

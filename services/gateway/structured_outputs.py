@@ -19,7 +19,13 @@ from typing import Any
 
 from services.gateway.errors import bad_request
 from services.gateway.grammar_syntax import is_lark
-from services.gateway.tool_calls import ToolCallMode, read_tool_choice
+from services.gateway.tool_calls import (
+    ToolCallMode,
+    hermes_calls_spec,
+    read_functions,
+    read_tool_choice,
+    wants_auto,
+)
 from shared.protocol import StructuredOutput
 
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -169,7 +175,18 @@ def _candidates(body: dict[str, Any], chat: bool) -> list[StructuredRequest]:
         tool = read_tool_choice(body)
         if tool is not None:
             found.append(StructuredRequest(tool[0], "tool_choice", tool[1]))
+        elif _may_constrain_auto_calls(body, found):
+            spec = hermes_calls_spec(body, read_functions(body))
+            found.append(StructuredRequest(spec, "tools"))
     return found
+
+
+def _may_constrain_auto_calls(body: dict[str, Any], found: list[StructuredRequest]) -> bool:
+    """tool_choice "auto" constrains the calls the model may write, unless the request asks
+    for another format or for what a constraint cannot honour (then calls are read leniently)."""
+    return (
+        wants_auto(body) and not found and not body.get("ignore_eos") and not body.get("min_tokens")
+    )
 
 
 def read_structured(body: dict[str, Any], chat: bool) -> StructuredRequest | None:

@@ -35,7 +35,7 @@ class ToolCallMode:
     function_name: str | None
 
 
-def _read_tools(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+def read_functions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Function name -> parameters schema."""
     tools = body.get("tools")
     if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
@@ -123,8 +123,8 @@ def wants_auto(body: dict[str, Any]) -> bool:
 
 def read_tool_choice(body: dict[str, Any]) -> tuple[StructuredOutput, ToolCallMode | None] | None:
     """The constraint that `tools` + `tool_choice` ask for, or None for "none" and for an
-    unforced "auto"."""
-    functions = _read_tools(body)
+    unforced "auto" (see `hermes_calls_spec`)."""
+    functions = read_functions(body)
     choice = body.get("tool_choice", "auto")
     if choice == "none":
         return None
@@ -183,6 +183,33 @@ def forced_call_spec(
     if open_call_prefix(body).strip() != START_TAG:
         return None
     return StructuredOutput("json", json.dumps({"anyOf": _call_objects(functions)}))
+
+
+def hermes_calls_spec(
+    body: dict[str, Any], functions: dict[str, dict[str, Any]]
+) -> StructuredOutput:
+    """tool_choice "auto" for Hermes: free text, but once the model writes `<tool_call>`, the
+    call must name a function and its arguments follow that function's schema (an xgrammar
+    structural tag, triggered by the start tag). The tags are written as the template shows
+    the model: `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`."""
+    tags = [
+        {
+            "type": "tag",
+            "begin": f'{START_TAG}\n{{"name": {json.dumps(name)}, "arguments": ',
+            "content": {"type": "json_schema", "json_schema": parameters},
+            "end": f"}}\n{END_TAG}",
+        }
+        for name, parameters in functions.items()
+    ]
+    tag_format = {
+        "type": "triggered_tags",
+        "triggers": [START_TAG],
+        "tags": tags,
+        "stop_after_first": body.get("parallel_tool_calls") is False,
+    }
+    return StructuredOutput(
+        "structural_tag", json.dumps({"type": "structural_tag", "format": tag_format})
+    )
 
 
 def _calls_schema(body: dict[str, Any], functions: dict[str, dict[str, Any]]) -> dict[str, Any]:

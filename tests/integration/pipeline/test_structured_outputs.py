@@ -204,7 +204,7 @@ def test_named_and_required_tool_calls(client, model):
 def test_streamed_tool_call_arrives_whole(client, model):
     stream = client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=1.0, seed=5,
-        tools=[WEATHER_TOOL], tool_choice="required", stream=True,
+        tools=[WEATHER_TOOL], tool_choice="required", stream=True, parallel_tool_calls=False,
     )  # fmt: skip
     chunks = [c for c in stream if c.choices]
     calls = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]

@@ -13,6 +13,7 @@ from services.gateway.auto_tools import AutoTools
 from services.gateway.chat_template import load_chat_template, renders_tools
 from services.gateway.errors import APIError
 from services.gateway.gateway_config import GatewayConfig
+from services.gateway.grammar_validator import library_error
 from services.gateway.openai_schema import parse_chat_request
 from services.gateway.output_processor import ChoiceUpdate
 from services.gateway.response_formatter import ResponseFormatter
@@ -82,7 +83,32 @@ def test_a_continued_open_call_is_constrained_to_one_call_object():
     assert call["properties"]["name"] == {"enum": ["get_weather"]}
     free = chat(messages=[ASK, {"role": "assistant", "content": "Let me"}], tools=[WEATHER],
                 continue_final_message=True, add_generation_prompt=False)  # fmt: skip
-    assert free.sampling.structured is None and free.tool_text_prefix == ""
+    assert free.tool_text_prefix == ""  # no open call: the ordinary "auto" constraint
+    assert free.sampling.structured.output.kind == "structural_tag"
+
+
+def accepts(compiled, text: str) -> bool:
+    import xgrammar
+
+    matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+    return matcher.accept_string(text)
+
+
+def test_auto_calls_are_free_text_until_a_call_starts_then_follow_the_schema():
+    import xgrammar
+
+    structured = chat(tools=[WEATHER]).sampling.structured
+    assert library_error(structured.output) is None  # the gateway's check passes
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]))
+    compiled = compiler.compile_structural_tag(structured.output.spec)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+    assert accepts(compiled, "It is sunny in Paris, no call needed.")
+    assert accepts(compiled, f"Let me look.\n{call}\n{call}")
+    assert not accepts(compiled, '<tool_call>\n{"name": "get_time", "arguments": {}}')
+    assert not accepts(compiled, call.replace('"city"', '"town"'))
+    # with another format asked for, or a bound a constraint cannot keep: read leniently
+    assert chat(tools=[WEATHER], guided_regex="a+").sampling.structured.param == "guided_regex"
+    assert chat(tools=[WEATHER], min_tokens=3).sampling.structured is None
 
 
 def test_history_tool_calls_reach_the_template_with_object_arguments():

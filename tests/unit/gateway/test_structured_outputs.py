@@ -112,8 +112,10 @@ def test_tools_named_required_none_and_auto():
     schema = json.loads(required.sampling.structured.output.spec)
     assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
     assert chat(tools=[WEATHER], tool_choice="none").sampling.structured is None
-    auto = chat(tools=[WEATHER])  # "auto": unconstrained; the gateway reads the calls
-    assert auto.auto_tools and auto.sampling.structured is None and auto.tools == [WEATHER]
+    auto = chat(tools=[WEATHER])  # "auto": free text; calls constrained once started
+    assert auto.auto_tools and auto.tools == [WEATHER]
+    assert auto.sampling.structured.output.kind == "structural_tag"
+    assert auto.sampling.structured.param == "tools"
     refused(chat, "tool_choice", "not in `tools`", tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "nope"}})  # fmt: skip
 
