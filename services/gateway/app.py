@@ -33,7 +33,7 @@ from services.gateway.auto_tools import AutoTools
 from services.gateway.client_limits import client_limit_middleware
 from services.gateway.completion_session import CompletionSession
 from services.gateway.drain import Drainer, DrainMiddleware
-from services.gateway.engine_client import HEALTH_REDIS_TIMEOUT_S, EngineClient, redis_within
+from services.gateway.engine_client import EngineClient
 from services.gateway.errors import APIError, bad_request
 from services.gateway.gateway_config import GatewayConfig
 from services.gateway.grammar_validator import GrammarValidator
@@ -295,7 +295,7 @@ class GatewayRoutes:
 
     async def health(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
+            statuses = (await self.client.status_view.current()).statuses
         except RedisError as exc:
             reason = f"the request queue (Redis) is unreachable: {exc}"
             return JSONResponse({"status": "unhealthy", "reason": reason}, status_code=503)
@@ -317,8 +317,8 @@ class GatewayRoutes:
 
     async def metrics_text(self, request: Request) -> Response:
         try:
-            statuses = await self.client.engine_statuses_within(HEALTH_REDIS_TIMEOUT_S)
-            restarts = await redis_within(self.client.process_restarts(), HEALTH_REDIS_TIMEOUT_S)
+            snapshot = await self.client.status_view.current()
+            statuses, restarts = snapshot.statuses, snapshot.process_restarts
         except RedisError:
             statuses, restarts = [], {}
         now = time.time()

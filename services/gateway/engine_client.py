@@ -19,18 +19,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable
-from typing import TypeVar
 
 import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from services.gateway.engine_watch import EngineLossClock
 from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
+from services.gateway.status_view import EngineStatusView
 from shared.keys import RedisKeys
 from shared.protocol import (
     AbortRequest,
@@ -52,7 +50,6 @@ from shared.status import (
 )
 
 logger = logging.getLogger(__name__)
-T = TypeVar("T")
 
 HEARTBEAT_INTERVAL_S = 2.0
 READ_BLOCK_MS = 1000
@@ -63,7 +60,6 @@ ENGINE_WATCH_INTERVAL_S = 2.0
 REDIS_MAX_CONNECTIONS = 64  # per gateway; calls beyond wait for a free one
 REDIS_POOL_WAIT_S = 20.0  # longest wait for a free connection before a 503
 REDIS_HEALTH_CHECK_S = 1.0
-HEALTH_REDIS_TIMEOUT_S = 0.5  # /health and /metrics answer within 1 s even if Redis stalls
 
 
 class EngineClient:
@@ -105,6 +101,7 @@ class EngineClient:
         ] = {}  # open ones, to re-queue if Redis lost them
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
+        self.status_view = EngineStatusView(self)  # what /health and /metrics answer from
 
     async def start(self) -> None:
         self._tasks = [
@@ -112,6 +109,7 @@ class EngineClient:
             asyncio.create_task(self._heartbeat(), name="gateway-heartbeat"),
             asyncio.create_task(self._watch_engines(), name="gateway-engine-watch"),
             asyncio.create_task(self._watch_redis_restarts(), name="gateway-redis-watch"),
+            asyncio.create_task(self.status_view.run(), name="gateway-status-view"),
         ]
 
     async def close(self) -> None:
@@ -221,11 +219,6 @@ class EngineClient:
                 pipe.hgetall(self.keys.engine(engine_id))
             records = await pipe.execute()
         return [from_fields(EngineStatus, r) for r in records if r]
-
-    async def engine_statuses_within(self, timeout_s: float) -> list[EngineStatus]:
-        """`engine_statuses()`, or a RedisError once `timeout_s` has passed: a stalled Redis
-        (stopped, overloaded) must not hold /health past a load balancer's probe timeout."""
-        return await redis_within(self.engine_statuses(), timeout_s)
 
     async def process_restarts(self) -> dict[str, int]:
         """How often `pagedserve serve` restarted each of its processes (raises RedisError)."""
@@ -341,29 +334,6 @@ class EngineClient:
             except RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
-
-
-_abandoned: set[asyncio.Future[object]] = set()  # timed-out calls, until they end by themselves
-
-
-async def redis_within(work: Awaitable[T], timeout_s: float) -> T:
-    """`work` (Redis calls), or a RedisError once `timeout_s` has passed. A late call is
-    cancelled but not waited for: unwinding a call on a stalled Redis (closing its connection)
-    can itself take seconds (measured: /health at 2.05 s with `asyncio.wait_for`)."""
-    task = asyncio.ensure_future(work)
-    done, _ = await asyncio.wait({task}, timeout=timeout_s)
-    if task in done:
-        return task.result()
-    task.cancel()
-    _abandoned.add(task)  # type: ignore[arg-type]
-    task.add_done_callback(_forget)
-    raise RedisTimeoutError(f"no answer within {timeout_s:g}s")
-
-
-def _forget(task: asyncio.Future[object]) -> None:
-    _abandoned.discard(task)
-    if not task.cancelled():
-        task.exception()  # retrieved, so that asyncio does not log it as never retrieved
 
 
 def _redis_down(exc: Exception) -> APIError:

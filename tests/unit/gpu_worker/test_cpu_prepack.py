@@ -1,4 +1,4 @@
-"""Packed bf16 linears: the same numbers as F.linear, on every layer that should have them."""
+"""CPU linears: packed bf16 and weight-major fp32 give F.linear's numbers, on every layer."""
 
 from __future__ import annotations
 
@@ -7,7 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.layers.cpu_prepack import can_prepack, linear, pack_weight
+from services.gpu_worker.layers.cpu_prepack import (
+    can_prepack,
+    is_weight_major,
+    linear,
+    pack_weight,
+)
 from services.gpu_worker.model_loader import load_model
 
 requires_bf16_kernels = pytest.mark.skipif(
@@ -33,9 +38,29 @@ def test_fp32_and_non_2d_weights_are_not_packed():
     assert not can_prepack(torch.zeros(4, dtype=torch.bfloat16))
 
 
-def test_linear_without_packed_weight_is_f_linear():
-    weight, x = torch.randn(8, 4), torch.randn(2, 4)
+@pytest.mark.parametrize("num_rows", [1, 64, 100])
+def test_one_row_and_many_rows_are_f_linear(num_rows):
+    weight, x = torch.randn(8, 4), torch.randn(num_rows, 4)
+    assert not is_weight_major(x, weight)
     assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+@pytest.mark.parametrize("num_rows", [2, 3, 16, 32])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_few_fp32_rows_are_the_same_product_weight_major(num_rows, with_bias):
+    torch.manual_seed(0)
+    weight = torch.randn(300, 96)
+    bias = torch.randn(300) if with_bias else None
+    x = torch.randn(num_rows, 192)[:, ::2]  # a strided input, as after a split
+    assert is_weight_major(x, weight)
+    out = linear(x, weight, bias)
+    assert out.shape == (num_rows, 300) and out.is_contiguous()
+    torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_rows_are_never_weight_major():
+    weight, x = torch.randn(8, 4).bfloat16(), torch.randn(4, 4).bfloat16()
+    assert not is_weight_major(x, weight)
 
 
 def _load(model_dir, dtype):
