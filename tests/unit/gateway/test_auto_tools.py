@@ -158,3 +158,19 @@ def test_stream_chunks_have_vllm_shape():
     arguments = "".join(d["function"]["arguments"] for d in deltas)
     assert json.loads(arguments) == {"city": "Paris"}
     assert chunks[-1]["finish_reason"] == "tool_calls"
+
+
+def test_the_gateway_refuses_to_start_with_a_bad_tool_setup(capsys):
+    from services.gateway.__main__ import parse_args
+
+    for argv, reason in (
+        (["--enable-auto-tool-choice"], "needs --tool-call-parser"),
+        (["--chat-template", "/no/such/template.jinja"], "neither a readable file"),
+        (["--tool-call-parser", "mistral"], "invalid choice"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert reason in capsys.readouterr().err
+    config = parse_args(["--chat-template", str(TEMPLATE), "--enable-auto-tool-choice",
+                         "--tool-call-parser", "hermes"])  # fmt: skip
+    assert config.enable_auto_tool_choice and config.chat_template == str(TEMPLATE)
