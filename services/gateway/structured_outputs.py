@@ -19,6 +19,7 @@ from typing import Any
 
 from services.gateway.errors import bad_request
 from services.gateway.grammar_syntax import is_lark
+from services.gateway.schema_canonical import canonical_schema
 from services.gateway.tool_calls import (
     ToolCallMode,
     hermes_calls_spec,
@@ -45,8 +46,9 @@ class StructuredRequest:
 
 
 def json_spec(schema: Any, param: str) -> StructuredOutput:
-    """A JSON schema (an object, or a string holding one) as a canonical spec: equal schemas
-    give equal specs, so they share one compiled grammar."""
+    """A JSON schema (an object, or a string holding one) as a canonical spec: schemas equal
+    but for key order (other than their properties' order) give equal specs, so they share
+    one compiled grammar."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -54,7 +56,7 @@ def json_spec(schema: Any, param: str) -> StructuredOutput:
             raise bad_request(f"`{param}` is not valid JSON: {exc}", param) from exc
     if not isinstance(schema, dict):
         raise bad_request(f"`{param}` must be a JSON schema object", param)
-    return StructuredOutput("json", _bounded(json.dumps(schema, sort_keys=True), param))
+    return StructuredOutput("json", _bounded(json.dumps(canonical_schema(schema)), param))
 
 
 def _bounded(text: str, param: str) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 
 from services.gateway.errors import bad_request
 from services.gateway.hermes_tool_parser import END_TAG, START_TAG, parse_hermes
+from services.gateway.schema_canonical import canonical_schema
 from shared.protocol import StructuredOutput
 
 MAX_TOOLS = 128
@@ -133,7 +134,7 @@ def read_tool_choice(body: dict[str, Any]) -> tuple[StructuredOutput, ToolCallMo
         return None if spec is None else (spec, None)
     if isinstance(choice, dict):
         name = _named_function(choice, functions)
-        spec = json.dumps(functions[name], sort_keys=True)
+        spec = json.dumps(canonical_schema(functions[name]))
         return StructuredOutput("json", spec), ToolCallMode(name)
     if choice != "required":
         raise bad_request(

@@ -164,3 +164,26 @@ def test_validator_answers_a_400_and_caches_by_spec():
     good = chat(guided_json=SCHEMA).sampling.structured
     asyncio.run(validator.check(good))
     assert len(validator._errors) == 2
+
+
+def test_the_output_writes_properties_in_the_schemas_order():
+    import xgrammar
+
+    from services.gpu_worker.json_schema_fixups import fix_json_schema
+
+    schema = {
+        "type": "object",
+        "required": ["reasoning", "answer"],
+        "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+    }
+    reordered = {"properties": schema["properties"], "required": ["reasoning", "answer"],
+                 "type": "object"}  # fmt: skip
+    spec = chat(guided_json=schema).sampling.structured.output
+    assert spec == chat(guided_json=reordered).sampling.structured.output  # one grammar
+    assert list(json.loads(spec.spec)["properties"]) == ["reasoning", "answer"]
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]))
+    compiled = compiler.compile_json_schema(fix_json_schema(spec.spec), any_whitespace=False)
+    for text, accepted in (('{"reasoning": "r", "answer": 1}', True),
+                           ('{"answer": 1, "reasoning": "r"}', False)):  # fmt: skip
+        matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        assert matcher.accept_string(text) is accepted, text
