@@ -17,35 +17,13 @@ import jsonschema
 import openai
 import pytest
 
-from services.gpu_worker.default_model import ensure_model
-from tests.integration.pipeline.conftest import (
-    Pipeline,
-    add_engine,
-    add_gateway,
-    new_pipeline,
-    wait_until_serving,
-)
+from tests.integration.pipeline.smollm2_pipeline import WEATHER_TOOL, smollm2_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 TEMPLATE = Path(__file__).parents[2] / "fixtures" / "hermes_tool_template.jinja"
 TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string", "maxLength": 12},
-                    "unit": {"enum": ["celsius", "fahrenheit"]},
-                },
-                "required": ["city", "unit"],
-                "additionalProperties": False,
-            },
-        },
-    },
+    WEATHER_TOOL,
     {
         "type": "function",
         "function": {
@@ -73,18 +51,10 @@ FORCED = {
 
 @pytest.fixture(scope="module")
 def client(redis_server) -> Iterator[openai.OpenAI]:
-    pipeline: Pipeline = new_pipeline(redis_server.url, ensure_model("smollm2"))
-    try:
-        add_engine(pipeline, "engine-t")
-        add_gateway(pipeline, "gw-t", "--chat-template", str(TEMPLATE),
-                    "--enable-auto-tool-choice", "--tool-call-parser", "hermes",
-                    "--max-model-len", "1024")  # the tools' prompt is ~300 tokens  # fmt: skip
-        wait_until_serving(pipeline, timeout_s=300)
-        yield openai.OpenAI(
-            base_url=f"{pipeline.base_url()}/v1", api_key="unused", max_retries=0, timeout=300
-        )
-    finally:
-        pipeline.stop()
+    hermes = ("--chat-template", str(TEMPLATE), "--enable-auto-tool-choice",
+              "--tool-call-parser", "hermes", "--max-model-len", "1024")  # fmt: skip
+    with smollm2_client(redis_server.url, "t", *hermes) as client:  # the tools' prompt: ~300
+        yield client
 
 
 @pytest.fixture(scope="module")

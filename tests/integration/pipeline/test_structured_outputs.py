@@ -21,37 +21,12 @@ import pytest
 from pydantic import BaseModel, Field
 
 from benchmarks.structured_cases import JSON_SCHEMAS
-from services.gpu_worker.default_model import ensure_model
-from tests.integration.pipeline.conftest import (
-    Pipeline,
-    add_engine,
-    add_gateway,
-    new_pipeline,
-    wait_until_serving,
-)
+from tests.integration.pipeline.smollm2_pipeline import WEATHER_TOOL, smollm2_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_TOKENS = 120
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 10},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
-
-
 # Lark syntax (told apart from EBNF by `start:`): a case-insensitive keyword, nested
 # optionals, regex terminals and a common import; bounded so that sampling ends.
 SETTINGS_LARK = r"""
@@ -73,16 +48,8 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def client(redis_server) -> Iterator[openai.OpenAI]:
-    pipeline: Pipeline = new_pipeline(redis_server.url, ensure_model("smollm2"))
-    try:
-        add_engine(pipeline, "engine-s")
-        add_gateway(pipeline, "gw-s")
-        wait_until_serving(pipeline, timeout_s=300)
-        yield openai.OpenAI(
-            base_url=f"{pipeline.base_url()}/v1", api_key="unused", max_retries=0, timeout=300
-        )
-    finally:
-        pipeline.stop()
+    with smollm2_client(redis_server.url, "s") as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
