@@ -212,10 +212,10 @@ class HermesStreamParser:
         if call is None and not self.head_read:  # not a call: it was content all along
             self._content(START_TAG + raw)
             return
-        if not self.head_read:  # whole but in another key order: announce it now
-            name = call.name if call else ""
-            self._events.append(StreamEvent(index=self.num_calls, call_id=new_call_id(), name=name))
-            self._send_arguments(call.arguments if call else "")
+        if call is not None and not self.head_read:  # whole, but not as the head expects
+            announce = StreamEvent(index=self.num_calls, call_id=new_call_id(), name=call.name)
+            self._events.append(announce)
+            self._send_arguments(call.arguments)
         else:
             self._send_arguments(_arguments_text(block))
         self.num_calls += 1
