@@ -166,6 +166,15 @@ OPTIONS: dict[str, Option] = {
                help="open API requests per API key (else per address) before a 429; 0: no bound"),
         Option("--tokenizer-threads", 2, int,
                help="prompts tokenized at once; the others wait their turn"),
+        Option("--chat-template", None,
+               help="a Jinja chat template (a file, or the template itself) instead of the "
+                    "model's, e.g. one that renders `tools`"),
+        Option("--enable-auto-tool-choice", False, switch=True,
+               help="let the model call tools by itself (tool_choice 'auto'); needs "
+                    "--tool-call-parser and a chat template that renders `tools`"),
+        Option("--tool-call-parser", None, choices=("hermes",),
+               help="how tool calls are read from the output: 'hermes' "
+                    "(<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>)"),
         # serve
         Option("--num-gateways", 1, int, help="replicas on PORT, PORT+1, ..."),
         Option("--startup-timeout", 600.0, float,

@@ -39,14 +39,16 @@ GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING
 
 # StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
 # response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
-STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar")
+STRUCTURED_KINDS = ("json", "json_object", "regex", "grammar", "lark", "structural_tag")
 
 
 @dataclass(frozen=True, slots=True)
 class StructuredOutput:
     """A constraint on the generated text: `kind` "json" (spec: a JSON schema, serialized with
     sorted keys so that equal schemas share one compiled grammar), "json_object" (any JSON
-    object; spec ""), "regex" or "grammar" (EBNF / GBNF, `root ::= ...`)."""
+    object; spec ""), "regex", "grammar" (EBNF / GBNF, `root ::= ...`) or "lark" (a Lark
+    grammar, `start: ...`, compiled by xgrammar's own Lark front end) or "structural_tag" (an
+    xgrammar structural tag, JSON: free text with constrained tagged parts, as tool calls)."""
 
     kind: str
     spec: str

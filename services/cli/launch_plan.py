@@ -56,6 +56,10 @@ class ServeOptions:
     max_seqs_per_request: int = 256
     max_requests_per_client: int = 1024
     tokenizer_threads: int = 2
+    # tool_choice "auto" (the gateways read tool calls from the text)
+    chat_template: str | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
 
 @dataclass(frozen=True)
@@ -182,6 +186,9 @@ def gateway_spec(
         "max_seqs_per_request": options.max_seqs_per_request,
         "max_requests_per_client": options.max_requests_per_client,
         "tokenizer_threads": options.tokenizer_threads,
+        "chat_template": options.chat_template,
+        "enable_auto_tool_choice": options.enable_auto_tool_choice,
+        "tool_call_parser": options.tool_call_parser,
     })  # fmt: skip
     # The key goes through the environment: a command line is visible to every local user.
     env = child_env({"PAGEDSERVE_API_KEY": options.api_key} if options.api_key else None)

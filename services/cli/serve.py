@@ -55,6 +55,7 @@ SERVE_OPTIONS = (
         help="seconds the scheduler keeps unfinished requests while it has no workers"),
     "step_timeout", "max_body_bytes", "header_timeout", "body_timeout", "max_seqs_per_request",
     "max_requests_per_client", "tokenizer_threads",
+    "chat_template", "enable_auto_tool_choice", "tool_call_parser",
 )  # fmt: skip
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import uuid
 
+from services.gateway.chat_template import load_chat_template
 from services.gateway.gateway_config import GatewayConfig
 from shared.logging import setup_logging
 from shared.options import add_options, use
@@ -20,6 +21,7 @@ GATEWAY_OPTIONS = (
     use("max_model_len", help=None), "max_pending_requests", "shutdown_timeout",
     "engine_loss_timeout", "max_body_bytes", "header_timeout", "body_timeout",
     "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
+    "chat_template", "enable_auto_tool_choice", "tool_call_parser",
 )  # fmt: skip
 
 
@@ -28,6 +30,8 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     add_options(parser, *GATEWAY_OPTIONS)
     args = parser.parse_args(argv)
     try:
+        if args.chat_template is not None:
+            load_chat_template(args.chat_template)  # fail here, with the reason
         return GatewayConfig(
             model=args.model,
             served_model_name=args.served_model_name,
@@ -48,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             max_seqs_per_request=args.max_seqs_per_request,
             max_requests_per_client=args.max_requests_per_client,
             tokenizer_threads=args.tokenizer_threads,
+            chat_template=args.chat_template,
+            enable_auto_tool_choice=args.enable_auto_tool_choice,
+            tool_call_parser=args.tool_call_parser,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -66,6 +73,8 @@ def main(argv: list[str] | None = None) -> None:
     from services.gateway.tokenizer import load_tokenizer
 
     info = load_tokenizer(config.model, config.max_model_len)
+    if config.chat_template is not None:
+        info.tokenizer.chat_template = load_chat_template(config.chat_template)
     client = EngineClient(
         config.redis_url,
         config.namespace,

@@ -29,6 +29,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from services.gateway.admission import admit_chat, admit_completion
+from services.gateway.auto_tools import AutoTools
 from services.gateway.client_limits import client_limit_middleware
 from services.gateway.completion_session import CompletionSession
 from services.gateway.drain import Drainer, DrainMiddleware
@@ -165,6 +166,7 @@ class GatewayRoutes:
         self.tokenizer_pool = TokenizerPool(config.tokenizer_threads)
         self.created = int(time.time())
         self.grammars = GrammarValidator()
+        self.auto_tools = AutoTools.of(config, info)
 
     def _check_model(self, model: str | None) -> None:
         if model is not None and model not in (self.config.model_name, self.config.model):
@@ -206,6 +208,7 @@ class GatewayRoutes:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
         admit_chat(parsed, self.config.max_seqs_per_request)
+        self.auto_tools.check(parsed)
         prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info)
         max_len = self.info.max_model_len
         check_lengths(prompts, parsed.sampling, max_len, parsed.max_tokens_param, "messages")
@@ -237,6 +240,7 @@ class GatewayRoutes:
             want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
             options.n, options.logprobs or 0,
             tool_call=options.structured.tool_call if options.structured else None,
+            **auto_tool_fields(parsed),
         )  # fmt: skip
         await session.submit()
         try:
@@ -267,6 +271,11 @@ class GatewayRoutes:
                         if update.finish_reason:
                             processor = session.processors[index]
                             yield sse_event(formatter.tool_call_chunk(index, update, processor))
+                    elif formatter.auto_tools:
+                        processor = session.processors[index]
+                        chunk = formatter.auto_tool_chunk(index, update, processor)
+                        if chunk is not None:
+                            yield sse_event(chunk)
                     elif (
                         update.text
                         or update.logprobs
@@ -335,6 +344,13 @@ def prompt_views(
         text = sent if as_sent else info.tokenizer.decode(prompt.token_ids)
         views.append(PromptView(prompt.token_ids, text))
     return views
+
+
+def auto_tool_fields(parsed: CompletionRequest | ChatRequest) -> dict[str, Any]:
+    """The formatter's settings for reading Hermes calls (tool_choice "auto")."""
+    if not isinstance(parsed, ChatRequest) or not parsed.auto_tools:
+        return {}
+    return {"auto_tools": True, "tool_text_prefix": parsed.tool_text_prefix}
 
 
 async def _collect(session: CompletionSession) -> None:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
+TOOL_CALL_PARSERS = ("hermes",)
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,9 @@ class GatewayConfig:
     # A quarter of the default queue bound: four clients at their limit still fit.
     max_requests_per_client: int = 1024  # open /v1/ requests per API key or address; 0: no bound
     tokenizer_threads: int = 2  # prompts tokenized at once; the others wait
+    chat_template: str | None = None  # a template file or text; None: the model's
+    enable_auto_tool_choice: bool = False  # tool_choice "auto": the model may call tools
+    tool_call_parser: str | None = None  # how calls are read from the text: "hermes"
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:
@@ -55,6 +59,15 @@ class GatewayConfig:
             raise ValueError(
                 f"max_requests_per_client must be >= 0 (0: no bound), "
                 f"got {self.max_requests_per_client}"
+            )
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise ValueError(
+                f"tool_call_parser must be one of {TOOL_CALL_PARSERS}, "
+                f"got {self.tool_call_parser!r}"
+            )
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError(
+                "--enable-auto-tool-choice needs --tool-call-parser (hermes) to read the calls"
             )
         if self.api_key == "":
             raise ValueError("api_key must not be empty (leave it unset to turn auth off)")

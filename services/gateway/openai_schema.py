@@ -16,6 +16,12 @@ from typing import Any
 
 from services.gateway.errors import bad_request
 from services.gateway.structured_outputs import StructuredRequest, read_structured
+from services.gateway.tool_calls import (
+    open_call_prefix,
+    read_message_tool_fields,
+    rendered_tools,
+    wants_auto,
+)
 from services.gateway.vllm_options import (
     OutputOptions,
     read_chat_template_kwargs,
@@ -77,6 +83,7 @@ class CompletionRequest:
 class ChatMessage:
     role: str
     content: str
+    tool_fields: dict[str, Any] = field(default_factory=dict)  # tool_calls, tool_call_id, name
 
 
 @dataclass(frozen=True)
@@ -91,6 +98,9 @@ class ChatRequest:
     output: OutputOptions = field(default_factory=OutputOptions)
     continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None  # rendered by the chat template
+    auto_tools: bool = False  # tool_choice "auto": calls are read from the text
+    tool_text_prefix: str = ""  # an open <tool_call> the output continues (see tool_calls)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -359,7 +369,8 @@ def _read_messages(body: dict[str, Any]) -> list[ChatMessage]:
                 f"`messages[{index}].role` must be one of {sorted(CHAT_ROLES)}, got {role!r}",
                 f"messages[{index}].role",
             )
-        parsed.append(ChatMessage(role=role, content=_read_content(message.get("content"), index)))
+        content = _read_content(message.get("content"), index)
+        parsed.append(ChatMessage(role, content, read_message_tool_fields(message, index)))
     return parsed
 
 
@@ -396,4 +407,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         output=output,
         continue_final_message=read_continue_final_message(body, add_generation_prompt),
         chat_template_kwargs=read_chat_template_kwargs(body),
+        tools=rendered_tools(body),
+        auto_tools=wants_auto(body),
+        tool_text_prefix=open_call_prefix(body) if wants_auto(body) else "",
     )

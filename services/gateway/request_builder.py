@@ -59,13 +59,15 @@ def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list
 def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput]:
     if not getattr(info.tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template: use /v1/completions", "messages")
-    messages = [{"role": m.role, "content": m.content} for m in request.messages]
+    messages = [{"role": m.role, "content": m.content, **m.tool_fields} for m in request.messages]
     try:
         template_kwargs = {
             "add_generation_prompt": request.add_generation_prompt,
             "continue_final_message": request.continue_final_message,
             **request.chat_template_kwargs,  # the client's win, as in vLLM
         }
+        if request.tools is not None:
+            template_kwargs["tools"] = request.tools
         text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc

@@ -7,6 +7,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.gateway.hermes_tool_parser import (
+    HermesStreamParser,
+    StreamEvent,
+    merged_call_deltas,
+)
 from services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
 from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
 from services.gateway.prompt_logprobs import (
@@ -15,7 +20,7 @@ from services.gateway.prompt_logprobs import (
     vllm_prompt_logprobs,
 )
 from services.gateway.tokenizer import TokenizerInfo
-from services.gateway.tool_calls import ToolCallMode, as_tool_call_message
+from services.gateway.tool_calls import ToolCallMode, as_auto_tool_message, as_tool_call_message
 from services.gateway.vllm_options import OutputOptions
 
 
@@ -55,7 +60,10 @@ class ResponseFormatter:
     n: int = 1  # choices per prompt
     logprobs_k: int = 0
     tool_call: ToolCallMode | None = None  # chat outputs to return as tool_calls
+    auto_tools: bool = False  # chat outputs hold Hermes calls to read (tool_choice "auto")
+    tool_text_prefix: str = ""  # the open call a continued message's output completes
     _started: set[int] = field(default_factory=set)  # choices whose first chunk went out
+    _tool_parsers: dict[int, HermesStreamParser] = field(default_factory=dict)
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -149,6 +157,39 @@ class ResponseFormatter:
         choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
         return self._envelope("chat.completion.chunk", [choice])
 
+    def auto_tool_chunk(
+        self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor | None
+    ) -> dict[str, Any] | None:
+        """A chat chunk of a streamed output read for Hermes calls: its content and call
+        deltas (vLLM's shape); None when the update adds nothing to send yet."""
+        parser = self._tool_parsers.get(index)
+        events: list[StreamEvent] = []
+        if parser is None:
+            parser = self._tool_parsers[index] = HermesStreamParser()
+            events += parser.feed(self.tool_text_prefix)
+        events += parser.feed(update.text)
+        if update.finish_reason is not None:
+            events += parser.finish()
+        if not (events or update.finish_reason or update.logprobs):
+            return None
+        first = index not in self._started
+        self._started.add(index)
+        delta: dict[str, Any] = {}
+        content = "".join(e.content for e in events)
+        if content:
+            delta["content"] = content
+        calls = merged_call_deltas(events)
+        if calls:
+            delta["tool_calls"] = calls
+        reason = update.finish_reason
+        if reason == "stop" and parser.called:
+            reason = "tool_calls"
+        logprobs = self._logprobs(update.logprobs, index, processor, False)
+        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+        body = self._envelope("chat.completion.chunk", [choice])
+        self._add_stream_extras(body, choice, index, update, processor, first)
+        return body
+
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = self._envelope(name, [])
@@ -181,6 +222,10 @@ class ResponseFormatter:
         if self.kind == "chat" and self.tool_call is not None:
             choice["message"], choice["finish_reason"] = as_tool_call_message(
                 choice["message"], processor.finish_reason, self.tool_call
+            )
+        elif self.kind == "chat" and self.auto_tools:
+            choice["message"], choice["finish_reason"] = as_auto_tool_message(
+                choice["message"], processor.finish_reason, self.tool_text_prefix
             )
         return choice
 

@@ -4,7 +4,8 @@
   {"name", "schema", "strict"}}, in chat and completions; `tools` with `tool_choice`
   "required" or a named function (chat only; see `tool_calls`).
 - vLLM: `structured_outputs` {"json" | "regex" | "choice" | "grammar" | "json_object"} and the
-  older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`.
+  older `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`. A grammar is EBNF/GBNF
+  or Lark, told apart by its syntax (`grammar_syntax`).
 
 At most one of them per request. Shape errors are 400s naming the parameter; whether a
 schema, regex or grammar compiles is checked by `grammar_validator` before anything is queued.
@@ -17,7 +18,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.gateway.errors import bad_request
-from services.gateway.tool_calls import ToolCallMode, read_tool_choice
+from services.gateway.grammar_syntax import is_lark
+from services.gateway.schema_canonical import canonical_schema
+from services.gateway.tool_calls import (
+    ToolCallMode,
+    hermes_calls_spec,
+    read_functions,
+    read_tool_choice,
+    wants_auto,
+)
 from shared.protocol import StructuredOutput
 
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -33,12 +42,13 @@ class StructuredRequest:
 
     output: StructuredOutput
     param: str  # the parameter it came from, for error messages
-    tool_call: ToolCallMode | None = None
+    tool_call: ToolCallMode | None = None  # None: not a forced call ("auto" reads its own)
 
 
 def json_spec(schema: Any, param: str) -> StructuredOutput:
-    """A JSON schema (an object, or a string holding one) as a canonical spec: equal schemas
-    give equal specs, so they share one compiled grammar."""
+    """A JSON schema (an object, or a string holding one) as a canonical spec: schemas equal
+    but for key order (other than their properties' order) give equal specs, so they share
+    one compiled grammar."""
     if isinstance(schema, str):
         try:
             schema = json.loads(schema)
@@ -46,7 +56,7 @@ def json_spec(schema: Any, param: str) -> StructuredOutput:
             raise bad_request(f"`{param}` is not valid JSON: {exc}", param) from exc
     if not isinstance(schema, dict):
         raise bad_request(f"`{param}` must be a JSON schema object", param)
-    return StructuredOutput("json", _bounded(json.dumps(schema, sort_keys=True), param))
+    return StructuredOutput("json", _bounded(json.dumps(canonical_schema(schema)), param))
 
 
 def _bounded(text: str, param: str) -> str:
@@ -117,7 +127,8 @@ def _from_vllm_form(kind: str, value: Any, param: str) -> StructuredOutput:
     if kind == "choice":
         return choice_spec(value, param)
     if kind == "grammar":
-        return StructuredOutput("grammar", _text(value, param))
+        grammar = _text(value, param)
+        return StructuredOutput("lark" if is_lark(grammar) else "grammar", grammar)
     if value is not True:
         raise bad_request(f"`{param}` must be true", param)
     return StructuredOutput("json_object", "")
@@ -166,7 +177,18 @@ def _candidates(body: dict[str, Any], chat: bool) -> list[StructuredRequest]:
         tool = read_tool_choice(body)
         if tool is not None:
             found.append(StructuredRequest(tool[0], "tool_choice", tool[1]))
+        elif _may_constrain_auto_calls(body, found):
+            spec = hermes_calls_spec(body, read_functions(body))
+            found.append(StructuredRequest(spec, "tools"))
     return found
+
+
+def _may_constrain_auto_calls(body: dict[str, Any], found: list[StructuredRequest]) -> bool:
+    """tool_choice "auto" constrains the calls the model may write, unless the request asks
+    for another format or for what a constraint cannot honour (then calls are read leniently)."""
+    return (
+        wants_auto(body) and not found and not body.get("ignore_eos") and not body.get("min_tokens")
+    )
 
 
 def read_structured(body: dict[str, Any], chat: bool) -> StructuredRequest | None:

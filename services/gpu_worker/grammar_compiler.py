@@ -18,7 +18,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from services.gpu_worker.json_schema_fixups import fix_json_schema
+from services.gpu_worker.json_schema_fixups import fix_json_schema, fix_structural_tag
 from shared.protocol import StructuredOutput
 
 logger = logging.getLogger(__name__)
@@ -81,6 +81,10 @@ class GrammarCompiler:
                 compiled = compiler.compile_regex(spec.spec)
             elif spec.kind == "grammar":
                 compiled = compiler.compile_grammar(spec.spec)
+            elif spec.kind == "lark":
+                compiled = compiler.compile_lark(spec.spec)
+            elif spec.kind == "structural_tag":
+                compiled = compiler.compile_structural_tag(fix_structural_tag(spec.spec))
             else:
                 raise GrammarCompileError(f"unknown structured output kind {spec.kind!r}")
         except GrammarCompileError:

@@ -39,5 +39,22 @@ def _rewrite(node: Any) -> Any:
 
 
 def fix_json_schema(schema_text: str) -> str:
-    """The schema (JSON text) with xgrammar's known gaps worked around."""
-    return json.dumps(_rewrite(json.loads(schema_text)), sort_keys=True)
+    """The schema (JSON text) with xgrammar's known gaps worked around. Key order is kept:
+    xgrammar generates an object's properties in the schema's order (a forced Hermes call
+    must write its "name" before its "arguments")."""
+    return json.dumps(_rewrite(json.loads(schema_text)))
+
+
+def fix_structural_tag(tag_text: str) -> str:
+    """A structural tag (JSON text) with each JSON schema it holds fixed as above."""
+    return json.dumps(_fix_tag_schemas(json.loads(tag_text)))
+
+
+def _fix_tag_schemas(node: Any) -> Any:
+    if isinstance(node, list):
+        return [_fix_tag_schemas(item) for item in node]
+    if not isinstance(node, dict):
+        return node
+    if node.get("type") == "json_schema" and isinstance(node.get("json_schema"), dict):
+        return {**node, "json_schema": json.loads(fix_json_schema(json.dumps(node["json_schema"])))}
+    return {key: _fix_tag_schemas(value) for key, value in node.items()}

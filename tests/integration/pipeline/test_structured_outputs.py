@@ -15,40 +15,29 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
+import lark
 import openai
 import pytest
 from pydantic import BaseModel, Field
 
 from benchmarks.structured_cases import JSON_SCHEMAS
-from services.gpu_worker.default_model import ensure_model
-from tests.integration.pipeline.conftest import (
-    Pipeline,
-    add_engine,
-    add_gateway,
-    new_pipeline,
-    wait_until_serving,
-)
+from tests.integration.pipeline.smollm2_pipeline import WEATHER_TOOL, smollm2_client
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 MAX_TOKENS = 120
 MESSAGES = [{"role": "user", "content": "Describe a person."}]
-WEATHER_TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "description": "The weather in a city",
-        "parameters": {
-            "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 10},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
-            "required": ["city", "unit"],
-            "additionalProperties": False,
-        },
-    },
-}
+# Lark syntax (told apart from EBNF by `start:`): a case-insensitive keyword, nested
+# optionals, regex terminals and a common import; bounded so that sampling ends.
+SETTINGS_LARK = r"""
+start: "set "i pair ["," pair ["," pair]] ";"
+pair: KEY "=" value
+value: NUMBER_3 | QUOTED | BOOL
+KEY: /[a-z]{1,8}/
+NUMBER_3: /[0-9]{1,3}/
+QUOTED: "\"" /[A-Za-z ]{1,6}/ "\""
+BOOL: "true" | "false"
+"""
 
 
 class Person(BaseModel):
@@ -59,16 +48,8 @@ class Person(BaseModel):
 
 @pytest.fixture(scope="module")
 def client(redis_server) -> Iterator[openai.OpenAI]:
-    pipeline: Pipeline = new_pipeline(redis_server.url, ensure_model("smollm2"))
-    try:
-        add_engine(pipeline, "engine-s")
-        add_gateway(pipeline, "gw-s")
-        wait_until_serving(pipeline, timeout_s=300)
-        yield openai.OpenAI(
-            base_url=f"{pipeline.base_url()}/v1", api_key="unused", max_retries=0, timeout=300
-        )
-    finally:
-        pipeline.stop()
+    with smollm2_client(redis_server.url, "s") as client:
+        yield client
 
 
 @pytest.fixture(scope="module")
@@ -190,7 +171,7 @@ def test_named_and_required_tool_calls(client, model):
 def test_streamed_tool_call_arrives_whole(client, model):
     stream = client.chat.completions.create(
         model=model, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=1.0, seed=5,
-        tools=[WEATHER_TOOL], tool_choice="required", stream=True,
+        tools=[WEATHER_TOOL], tool_choice="required", stream=True, parallel_tool_calls=False,
     )  # fmt: skip
     chunks = [c for c in stream if c.choices]
     calls = [t for c in chunks for t in (c.choices[0].delta.tool_calls or [])]
@@ -202,11 +183,34 @@ def test_streamed_tool_call_arrives_whole(client, model):
         )
 
 
+def test_lark_grammar_outputs_parse_with_lark(client, model):
+    parser = lark.Lark(SETTINGS_LARK)
+
+    def complete(seed: int) -> openai.types.CompletionChoice:
+        response = client.completions.create(
+            model=model, prompt="Settings:", max_tokens=60, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"grammar": SETTINGS_LARK}},
+        )  # fmt: skip
+        return response.choices[0]
+
+    choices = in_parallel(complete, list(range(6)))
+    for choice in choices:
+        assert choice.finish_reason == "stop", choice.text
+        parser.parse(choice.text)  # raises on any text outside the grammar
+    assert len({c.text for c in choices}) > 1  # sampled, not one fixed string
+    chat = client.chat.completions.create(
+        model=model, messages=MESSAGES, max_tokens=60, temperature=1.0, seed=9,
+        extra_body={"guided_grammar": SETTINGS_LARK},
+    )  # fmt: skip
+    parser.parse(chat.choices[0].message.content)
+
+
 def test_invalid_specs_are_400s_before_queueing(client, model):
     cases = [
         ({"response_format": schema_format({"type": "objekt"})}, "response_format"),
         ({"extra_body": {"guided_regex": "a(b"}}, "guided_regex"),
         ({"extra_body": {"guided_grammar": "root ::= undefined_rule"}}, "guided_grammar"),
+        ({"extra_body": {"guided_grammar": 'start: "a"\nA.2: "b"'}}, "guided_grammar"),
         ({"tools": [WEATHER_TOOL]}, "tool_choice"),  # "auto"
     ]
     for kwargs, param in cases:

@@ -208,3 +208,20 @@ def test_the_step_timeout_and_gateway_limits_reach_their_children() -> None:
               gateway.max_seqs_per_request, gateway.max_requests_per_client,
               gateway.tokenizer_threads)  # fmt: skip
     assert limits == (1000, 3.0, 4.0, 8, 16, 1)
+
+
+def test_the_tool_call_flags_reach_the_gateways(tmp_path) -> None:
+    template = tmp_path / "tools.jinja"
+    template.write_text("{{ tools }}{{ messages }}")
+    argv = ("--chat-template", str(template), "--enable-auto-tool-choice",
+            "--tool-call-parser", "hermes")  # fmt: skip
+    plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
+    gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+    assert (gateway.chat_template, gateway.enable_auto_tool_choice, gateway.tool_call_parser) == (
+        str(template),
+        True,
+        "hermes",
+    )
+    plain = plan_launch(parse(), "/m", "redis://127.0.0.1:7001/0", PORTS)
+    gateway = parse_service_args("services.gateway", plain.gateways[0].argv[3:], {})
+    assert (gateway.chat_template, gateway.enable_auto_tool_choice) == (None, False)

@@ -112,7 +112,10 @@ def test_tools_named_required_none_and_auto():
     schema = json.loads(required.sampling.structured.output.spec)
     assert schema["type"] == "array" and schema["minItems"] == 1 and schema["maxItems"] == 1
     assert chat(tools=[WEATHER], tool_choice="none").sampling.structured is None
-    refused(chat, "tool_choice", "'auto' is not supported", tools=[WEATHER])
+    auto = chat(tools=[WEATHER])  # "auto": free text; calls constrained once started
+    assert auto.auto_tools and auto.tools == [WEATHER]
+    assert auto.sampling.structured.output.kind == "structural_tag"
+    assert auto.sampling.structured.param == "tools"
     refused(chat, "tool_choice", "not in `tools`", tools=[WEATHER],
             tool_choice={"type": "function", "function": {"name": "nope"}})  # fmt: skip
 
@@ -161,3 +164,26 @@ def test_validator_answers_a_400_and_caches_by_spec():
     good = chat(guided_json=SCHEMA).sampling.structured
     asyncio.run(validator.check(good))
     assert len(validator._errors) == 2
+
+
+def test_the_output_writes_properties_in_the_schemas_order():
+    import xgrammar
+
+    from services.gpu_worker.json_schema_fixups import fix_json_schema
+
+    schema = {
+        "type": "object",
+        "required": ["reasoning", "answer"],
+        "properties": {"reasoning": {"type": "string"}, "answer": {"type": "integer"}},
+    }
+    reordered = {"properties": schema["properties"], "required": ["reasoning", "answer"],
+                 "type": "object"}  # fmt: skip
+    spec = chat(guided_json=schema).sampling.structured.output
+    assert spec == chat(guided_json=reordered).sampling.structured.output  # one grammar
+    assert list(json.loads(spec.spec)["properties"]) == ["reasoning", "answer"]
+    compiler = xgrammar.GrammarCompiler(xgrammar.TokenizerInfo([]))
+    compiled = compiler.compile_json_schema(fix_json_schema(spec.spec), any_whitespace=False)
+    for text, accepted in (('{"reasoning": "r", "answer": 1}', True),
+                           ('{"answer": 1, "reasoning": "r"}', False)):  # fmt: skip
+        matcher = xgrammar.GrammarMatcher(compiled, terminate_without_stop_token=True)
+        assert matcher.accept_string(text) is accepted, text

@@ -17,6 +17,7 @@ from shared.protocol import SamplingParams, StructuredOutput
 from tests.integration.pipeline.served_model import build_served_model
 
 CHOICE = StructuredOutput("grammar", 'root ::= "yes" | "no"')
+LARK_CHOICE = StructuredOutput("lark", 'start: YES | "no"\nYES: "yes"')
 
 
 @pytest.fixture(scope="module")
@@ -46,10 +47,11 @@ def params(spec: StructuredOutput, eos: int) -> SamplingParams:
     return SamplingParams(structured_output=spec, eos_token_ids=(eos,))
 
 
-def test_masks_follow_the_grammar_and_end_on_eos(book, tokenizer):
+@pytest.mark.parametrize("spec", [CHOICE, LARK_CHOICE])
+def test_masks_follow_the_grammar_and_end_on_eos(book, tokenizer, spec):
     eos, vocab = tokenizer.eos_token_id, len(tokenizer)
-    book.track("a", params(CHOICE, eos))
-    book.compiler.compile(CHOICE).result()
+    book.track("a", params(spec, eos))
+    book.compiler.compile(spec).result()
     masks = book.start_masks([("a", [])]).result()
     first = allowed_ids(masks.bitmask[0], vocab)
     texts = {tokenizer.decode([t]) for t in first}
@@ -91,3 +93,22 @@ def test_each_distinct_spec_compiles_once(book, tokenizer):
         book.track(f"s{i}", params(CHOICE, tokenizer.eos_token_id))
     book.compiler.compile(CHOICE).result()
     assert book.compiler.num_compiled == 1
+
+
+def test_a_tool_call_structural_tag_compiles_with_its_schemas_fixed(book):
+    import json
+
+    from services.gpu_worker.json_schema_fixups import fix_structural_tag
+
+    bounded = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}}}
+    tag = {"type": "structural_tag", "format": {
+        "type": "triggered_tags", "triggers": ["<tool_call>"],
+        "tags": [{"type": "tag", "begin": '<tool_call>\n{"name": "f", "arguments": ',
+                  "content": {"type": "json_schema", "json_schema": bounded},
+                  "end": "}\n</tool_call>"}],
+    }}  # fmt: skip
+    fixed = json.loads(fix_structural_tag(json.dumps(tag)))
+    city = fixed["format"]["tags"][0]["content"]["json_schema"]["properties"]["city"]
+    assert "pattern" in city  # the bounded string rewritten, as for a response_format schema
+    spec = StructuredOutput("structural_tag", json.dumps(tag))
+    assert book.compiler.compile(spec).result() is not None
