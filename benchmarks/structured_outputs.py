@@ -82,7 +82,7 @@ def mask_step_ms(engine: LLMEngine, batch: int, steps: int) -> dict:
         fill_ms.append(1000 * (time.perf_counter() - start))
         assert masks.bitmask is not None and not masks.deferred_rows
         start = time.perf_counter()
-        apply_allowed_tokens(logits, AllowedTokens(masks.row_ids, masks.bitmask))
+        apply_allowed_tokens(logits, AllowedTokens(masks.row_ids, masks.bitmask), copy=False)
         apply_ms.append(1000 * (time.perf_counter() - start))
         for row, out in zip(masks.row_ids, outputs, strict=True):
             token = _random_allowed(masks.bitmask[row], generator)
