@@ -1,5 +1,6 @@
-"""Decode attention reads gathered keys in place, one batched matmul per KV head: the same
-products as the head-major copy it replaced, bit for bit, in float32 and bfloat16."""
+"""Decode attention reads gathered keys in place through one fused SDPA call: the same
+attention as the head-major copy with explicit matmuls, within float rounding, in float32 and
+bfloat16, padded rows included."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def head_major_attention(
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("batch,num_heads,num_kv_heads", [(5, 9, 3), (12, 4, 4), (1, 8, 2)])
-def test_in_place_heads_equal_the_head_major_copy(
+def test_fused_in_place_attention_equals_the_head_major_copy(
     dtype: torch.dtype, batch: int, num_heads: int, num_kv_heads: int
 ) -> None:
     torch.manual_seed(batch)
@@ -46,4 +47,8 @@ def test_in_place_heads_equal_the_head_major_copy(
     block_tables = torch.randperm(num_blocks)[: batch * 5].view(batch, 5).int()
     query = torch.randn(batch, num_heads, head_dim).to(dtype)
     args = (query, k_cache, v_cache, block_tables, seq_lens, 40, head_dim**-0.5)
-    assert torch.equal(batched_decode_attention(*args), head_major_attention(*args))
+    expected = head_major_attention(*args)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(
+        batched_decode_attention(*args), expected, rtol=tolerance, atol=tolerance
+    )
