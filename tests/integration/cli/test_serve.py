@@ -123,7 +123,9 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     # `pagedserve queue --json` while requests run shows them.
     streams = [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
     seen_ids: set[str] = set()
-    deadline = time.monotonic() + 60
+    # Generous: each `queue` call starts a Python process, slow on a loaded 2-core box (a
+    # 60 s bound ran out there before the streams' requests were queued).
+    deadline = time.monotonic() + 300
     while not seen_ids and time.monotonic() < deadline:
         snapshot = serve.queue_json()
         seen_ids = {r["request_id"] for r in snapshot["in_flight"]}
