@@ -60,6 +60,9 @@ class EngineStatusView:
         except RedisError as exc:
             self._error = str(exc) or type(exc).__name__
             logger.debug("engine status read failed: %s", self._error)
+        except Exception as exc:  # a bad record: report it, and keep the view alive
+            self._error = f"unreadable engine status: {exc}"
+            logger.exception("engine status read failed")
         finally:
             self._reading_since = None
             self._first_read.set()

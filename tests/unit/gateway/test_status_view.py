@@ -101,3 +101,22 @@ def test_a_probe_before_the_first_read_waits_briefly_for_it(
         assert (await view.current()).statuses
 
     asyncio.run(main())
+
+
+def test_an_unreadable_record_is_reported_and_the_view_lives_on() -> None:
+    async def main() -> None:
+        client = FakeClient()
+        view = EngineStatusView(client)  # type: ignore[arg-type]
+
+        async def broken() -> list[EngineStatus]:
+            raise ValueError("field time: 'soon' is not a number")
+
+        client.engine_statuses = broken  # type: ignore[method-assign]
+        await view.refresh()
+        with pytest.raises(RedisError, match="unreadable engine status: field time"):
+            await view.current()
+        del client.engine_statuses  # the class's method again
+        await view.refresh()
+        assert (await view.current()).statuses
+
+    asyncio.run(main())
