@@ -2,7 +2,7 @@
 
 On a CPU a decode step at small batch is bound by the number of torch calls as much as by
 arithmetic (each costs several microseconds, and 30 layers repeat them). The length-sorted
-groups, each group's cache block ids and its padding mask depend only on the step's metadata
+groups, each group's cache block ids and its mask of visible keys depend only on the step's metadata
 and the cache's block size, so the torch backend plans them in the first layer and every other
 layer reuses the plan (`AttentionMetadata.backend_scratch`).
 
@@ -28,7 +28,7 @@ class DecodeGroup:
     block_ids: torch.Tensor  # [G * blocks] int64: the cache blocks holding their contexts
     num_seqs: int
     max_len: int  # the group's longest context: every sequence is padded to it
-    padding: torch.Tensor | None  # [G, 1, 1, max_len] bool, True past a context; None: none
+    visible: torch.Tensor | None  # [G, 1, 1, max_len] bool, False past a context; None: all
 
 
 def plan_decode_groups(
@@ -62,11 +62,11 @@ def plan_group(
 ) -> DecodeGroup:
     num_blocks = -(-max_len // block_size)
     block_ids = block_tables[:, :num_blocks].reshape(-1).long()
-    padding = None
+    visible = None
     if int(seq_lens.min()) < max_len:
         positions = torch.arange(max_len, device=seq_lens.device)
-        padding = (positions[None, :] >= seq_lens[:, None].long())[:, None, None, :]
-    return DecodeGroup(rows, block_ids, int(seq_lens.shape[0]), max_len, padding)
+        visible = (positions[None, :] < seq_lens[:, None].long())[:, None, None, :]
+    return DecodeGroup(rows, block_ids, int(seq_lens.shape[0]), max_len, visible)
 
 
 def gather_group(cache: torch.Tensor, group: DecodeGroup) -> torch.Tensor:

@@ -73,12 +73,11 @@ def group_attention(
     this same call)."""
     keys = gather_group(k_cache, group).transpose(1, 2)  # [G, Hkv, L, D]
     values = gather_group(v_cache, group).transpose(1, 2)
-    visible = None if group.padding is None else ~group.padding  # [G, 1, 1, L]
     out = F.scaled_dot_product_attention(
         query.unsqueeze(2),  # [G, Hq, 1, D]
         keys.to(query.dtype),
         values.to(query.dtype),
-        attn_mask=visible,
+        attn_mask=group.visible,  # [G, 1, 1, L] or None
         scale=scale,
         enable_gqa=True,
     )  # [G, Hq, 1, D]
