@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logger = setup_logging(f"worker{args.rank}")
     # Imported here so that `--help` and flag errors do not pay for importing torch.
+    from services.gpu_worker.cpu_threads import ThreadGovernor
     from services.gpu_worker.model_runner import ModelRunner
     from services.gpu_worker.parallel_state import init_tensor_parallel
     from services.gpu_worker.worker_loop import WorkerLoop
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         result_address=args.result_address or f"tcp://{args.scheduler_host}:{args.result_port}",
         model_name=str(args.model),
         scheduler_timeout_s=args.scheduler_timeout,
+        thread_governor=ThreadGovernor.for_worker(runner.device, args.tensor_parallel_size),
     )
     signal.signal(signal.SIGTERM, lambda *_: loop.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: loop.stop_event.set())

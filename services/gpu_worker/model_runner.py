@@ -22,6 +22,7 @@ import torch
 
 from services.gpu_worker.attention.base import AttentionMetadata, build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
+from services.gpu_worker.cpu_threads import cpu_threads
 from services.gpu_worker.default_model import ensure_model
 from services.gpu_worker.grammar_book import GrammarBook, StepMasks
 from services.gpu_worker.grammar_compiler import GrammarCompiler
@@ -71,21 +72,6 @@ def cpu_supports_bf16() -> bool:
     if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
-def cpu_threads(world_size: int) -> int:
-    """`PAGEDSERVE_NUM_THREADS`, else this rank's share of the cores that are idle now.
-
-    OpenMP threads spin-wait for each other at every op: on cores other processes keep busy,
-    a thread that loses its core stalls its siblings, and two threads can run several times
-    slower than one (measured on the shared 2-core dev box: 9.2 s vs 1.2 s for the same
-    generate). So cores already busy (the 1-minute load average) are not counted."""
-    override = os.environ.get("PAGEDSERVE_NUM_THREADS")
-    if override:
-        return max(1, int(override))
-    num_cores = len(os.sched_getaffinity(0))
-    idle = num_cores - int(os.getloadavg()[0])
-    return max(1, min(num_cores, idle) // world_size)
 
 
 def model_len_limit(config: Any) -> int:

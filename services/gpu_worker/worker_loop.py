@@ -31,6 +31,7 @@ from typing import Protocol
 
 import zmq
 
+from services.gpu_worker.cpu_threads import ThreadGovernor
 from services.gpu_worker.heartbeat import HeartbeatSender
 from shared.protocol import ROLE_SCHEDULER, Heartbeat, Shutdown, StepPlan, StepResult, WorkerHello
 from shared.transport import PlanSubscriber, ResultPusher
@@ -65,8 +66,10 @@ class WorkerLoop:
         result_address: str,
         model_name: str,
         scheduler_timeout_s: float = 10.0,
+        thread_governor: ThreadGovernor | None = None,
     ) -> None:
         self.runner = runner
+        self.thread_governor = thread_governor
         self.rank = rank
         self.world_size = world_size
         self.plan_address = plan_address
@@ -96,6 +99,8 @@ class WorkerLoop:
         self, subscriber: PlanSubscriber, pusher: ResultPusher, heartbeat: HeartbeatSender
     ) -> None:
         while not self.stop_event.is_set():
+            if self.thread_governor is not None:
+                self.thread_governor.poll()
             message = subscriber.recv(timeout_s=POLL_INTERVAL_S)
             if message is None:
                 self._check_scheduler_alive()

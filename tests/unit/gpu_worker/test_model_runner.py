@@ -205,19 +205,3 @@ def test_mistral_sliding_window_caps_max_model_len(tmp_path):
     prompt = list(range(3, 30))
     result = runner.execute(StepPlan(0, new_seqs=[new_seq("a", prompt, range(7))]))
     assert result.token_ids == hf_greedy(load_hf(model_dir), prompt, 1).token_ids
-
-
-def test_cpu_threads_respect_override_rank_share_and_busy_cores(monkeypatch):
-    import os
-
-    from services.gpu_worker.model_runner import cpu_threads
-
-    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    monkeypatch.setattr(os, "getloadavg", lambda: (2.5, 0.0, 0.0))
-    monkeypatch.delenv("PAGEDSERVE_NUM_THREADS", raising=False)
-    assert cpu_threads(1) == 6  # 8 cores, 2 busy
-    assert cpu_threads(2) == 3
-    monkeypatch.setattr(os, "getloadavg", lambda: (30.0, 0.0, 0.0))
-    assert cpu_threads(4) == 1  # never zero
-    monkeypatch.setenv("PAGEDSERVE_NUM_THREADS", "5")
-    assert cpu_threads(2) == 5
