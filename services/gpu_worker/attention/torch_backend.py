@@ -73,15 +73,18 @@ def group_attention(
     this same call)."""
     keys = gather_group(k_cache, group).transpose(1, 2)  # [G, Hkv, L, D]
     values = gather_group(v_cache, group).transpose(1, 2)
+    rows, num_q_heads, head_dim = query.shape
+    num_kv_heads = keys.shape[1]
+    # The query heads that share a KV head are that head's rows of queries.
+    shared_queries = query.view(rows, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
     out = F.scaled_dot_product_attention(
-        query.unsqueeze(2),  # [G, Hq, 1, D]
+        shared_queries,
         keys.to(query.dtype),
         values.to(query.dtype),
         attn_mask=group.visible,  # [G, 1, 1, L] or None
         scale=scale,
-        enable_gqa=True,
-    )  # [G, Hq, 1, D]
-    return out.squeeze(2)
+    )  # [G, Hkv, Hq / Hkv, D]
+    return out.reshape(rows, num_q_heads, head_dim)
 
 
 def grouped_decode_attention(
