@@ -18,7 +18,6 @@ import shutil
 import signal
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,6 +45,7 @@ from services.cli.launch_plan import (
 from services.cli.redis_launcher import find_redis_server, redis_server_command
 from services.cli.restart_counts import RestartCounts
 from services.cli.restart_policy import CrashLoopError, RestartPolicy
+from services.cli.signal_flag import SignalFlag
 from services.cli.supervisor import Child, ChildExited, ChildSpec, Supervisor
 from services.gateway.drain import ABORT_GRACE_S
 from shared.transport import private_socket_dir
@@ -68,7 +68,7 @@ class LocalCluster:
         self.options = options
         self.ports = ports
         self.supervisor = Supervisor(out)
-        self.stop_requested = threading.Event()
+        self.stop_requested = SignalFlag()  # raised by the signal handler (see signal_flag)
         self.redis: list[Child] = []
         self.engine: list[Child] = []
         self.gateways: list[Child] = []
