@@ -49,6 +49,24 @@ def torch_cpu_capability() -> str | None:
         return None
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(all, stolen) CPU ticks since boot from /proc/stat's first line; (0, 0) where it does
+    not exist. Steal is time the hypervisor gave our virtual CPUs' turn to another guest."""
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user nice system idle iowait irq softirq steal (guest time is already inside user)
+    return sum(fields[:8]), fields[7] if len(fields) > 7 else 0
+
+
+def steal_share(before: tuple[int, int], after: tuple[int, int]) -> float | None:
+    """The share of the CPU time between two `cpu_ticks()` that the hypervisor stole: on a
+    VM, a run with much steal ran on a slower machine than one without."""
+    total = after[0] - before[0]
+    return (after[1] - before[1]) / total if total > 0 else None
+
+
 def machine_info() -> dict[str, Any]:
     try:
         cpuinfo = Path("/proc/cpuinfo").read_text()

@@ -25,7 +25,7 @@ from typing import Any
 
 from benchmarks.e2e_flops import fraction_of_flop_limit, measured_rate, model_dims, workload_flops
 from benchmarks.greedy_check import check_summary, greedy_texts
-from benchmarks.machine_info import machine_info
+from benchmarks.machine_info import cpu_ticks, machine_info, steal_share
 from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
 from services.cli.loadgen.runner import (
     Level,
@@ -53,7 +53,9 @@ def measure_server(
     asyncio.run(wait_until_ready(endpoint, 120.0))
     result: dict[str, Any] = {"load_before": machine_info()["loadavg"]}
     result["warmup"] = warm_up(endpoint, warmup)
+    ticks = cpu_ticks()
     result["runs"] = run_levels(endpoint, levels)
+    result["steal_share"] = steal_share(ticks, cpu_ticks())
     result["texts"] = greedy_texts(endpoint, check) if check else []
     result["load_after"] = machine_info()["loadavg"]
     return result
@@ -157,6 +159,13 @@ def report_section(result: dict[str, Any]) -> list[str]:
         "",
         format_comparison(result["comparison"], result["greedy_check"]),
     ]
+    steal = [result.get(s, {}).get("steal_share") for s in ("pagedserve", "transformers_serve")]
+    if None not in steal:
+        lines.append(
+            f"CPU time stolen by the hypervisor during the measured levels: {100 * steal[0]:.0f}% "
+            f"(pagedserve) / {100 * steal[1]:.0f}% (transformers serve); compare runs only "
+            "where both are low"
+        )
     if "hf_generate" in result:
         hf = result["hf_generate"]
         lines.append(

@@ -30,3 +30,12 @@ def test_the_record_names_the_isa_caps_set_for_the_run(monkeypatch: pytest.Monke
     assert info["num_cpus"] >= 1 and len(info["loadavg"]) == 3
     assert set(info["isa_flags"]) <= {"avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16",
                                       "amx_tile", "avx512_vnni"}  # fmt: skip
+
+
+def test_steal_share_is_the_stolen_part_of_the_ticks_between_two_readings() -> None:
+    from benchmarks.machine_info import cpu_ticks, steal_share
+
+    assert steal_share((1000, 10), (1400, 110)) == 0.25
+    assert steal_share((1000, 10), (1000, 10)) is None  # no time passed
+    total, stolen = cpu_ticks()
+    assert 0 <= stolen <= total

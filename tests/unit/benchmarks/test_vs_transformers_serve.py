@@ -40,6 +40,8 @@ def test_one_server_is_warmed_measured_per_level_and_checked() -> None:
     assert all(r["num_completed"] == 5 and r["num_wrong_length"] == 0 for r in result["runs"])
     assert result["texts"] == [" x" * r.output_len for r in requests[:2]]
     assert result["warmup"] == {"num_requests": 3, "num_failed": 0}
+    if Path("/proc/stat").exists():  # the hypervisor's share of the measured levels
+        assert 0.0 <= result["steal_share"] <= 1.0
 
 
 def _run(concurrency: int, tok_s: float, duration_s: float, ttft: float) -> dict:
@@ -84,6 +86,11 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "flags avx2, fma; ISA caps: MKL_ENABLE_INSTRUCTIONS=AVX2" in text
     assert "96 GFLOP/s on 2 threads" in text and "4.50x" in text and "| 16 | 90.0 |" in text
+    assert "stolen" not in text  # results from before steal was recorded
+    result["pagedserve"] = {"steal_share": 0.02}
+    result["transformers_serve"] = {"steal_share": 0.37}
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "stolen by the hypervisor during the measured levels: 2% (pagedserve) / 37%" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:
