@@ -128,6 +128,7 @@ class ThreadGovernor:
         if sample is None:
             return None
         others = other_cores_used(self.last, sample)
+        elapsed_s = sample.at - self.last.at  # longer than the interval after a long step
         self.last = sample
         threads = threads_for(others, len(self.cores))
         current = torch.get_num_threads()
@@ -140,6 +141,6 @@ class ThreadGovernor:
             threads,
             others,
             len(self.cores),
-            self.interval_s,
+            elapsed_s,
         )
         return threads
