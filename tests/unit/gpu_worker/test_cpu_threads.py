@@ -83,6 +83,25 @@ def test_governor_steps_down_when_others_take_a_core_and_back_up_when_they_stop(
     assert torch.get_num_threads() == 2
 
 
+def test_a_failed_read_keeps_the_count_and_the_window_and_the_next_read_decides(
+    monkeypatch, restore_threads
+):
+    now = time.monotonic()
+    fake_samples(
+        monkeypatch,
+        [
+            CpuSample(now - 10.0, 0.0, 0.0),
+            None,  # /proc/stat unreadable for a moment
+            CpuSample(now - 6.0, 8.0, 4.0),  # others: 1.0 core over the 4 s since the first
+        ],
+    )
+    torch.set_num_threads(2)
+    governor = ThreadGovernor(interval_s=1.0, cores={0, 1})
+    assert governor.poll() is None
+    assert torch.get_num_threads() == 2
+    assert governor.poll() == 1
+
+
 def test_governor_waits_for_its_interval(monkeypatch, restore_threads):
     fake_samples(monkeypatch, [CpuSample(time.monotonic(), 0.0, 0.0)])  # a second read fails
     governor = ThreadGovernor(interval_s=60.0, cores={0, 1})
