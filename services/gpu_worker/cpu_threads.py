@@ -59,6 +59,16 @@ def cpu_threads(world_size: int) -> int:
     return max(1, min(num_cores, idle) // world_size)
 
 
+def most_threads(world_size: int) -> int:
+    """The most threads the worker will ever run with: the fixed count, every usable core for
+    a single governed worker, else (tensor-parallel ranks keep their start count) the start
+    count. MKL's fp32 weight packing is made for this many (see `cpu_prepack`)."""
+    fixed = fixed_threads()
+    if fixed is not None:
+        return fixed
+    return usable_cores() if world_size == 1 else cpu_threads(world_size)
+
+
 def threads_for(other_cores: float, num_cores: int) -> int:
     """The cores left to us when other processes use `other_cores` of `num_cores`."""
     return max(1, min(num_cores, num_cores - round(other_cores)))

@@ -13,9 +13,11 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
 from services.gpu_worker.attention.base import BaseAttentionBackend
+from services.gpu_worker.cpu_threads import most_threads
 from services.gpu_worker.layers.cpu_prepack import prepack_linears
 from services.gpu_worker.models import get_model_cls
 from services.gpu_worker.models.llama import LlamaForCausalLM
+from services.gpu_worker.parallel_state import get_tp_world_size
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -73,5 +75,5 @@ def load_model(
     missing = sorted(model.expected_weights() - loaded)
     if missing:
         raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
-    prepack_linears(model)  # bf16 on CPU only; a no-op elsewhere
+    prepack_linears(model, most_threads(get_tp_world_size()))  # CPU only; a no-op elsewhere
     return model.eval()

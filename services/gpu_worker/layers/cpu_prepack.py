@@ -1,25 +1,36 @@
-"""Linear layers on the CPU: bf16 weights packed for oneDNN once, at load time; fp32 products
-of a few rows computed weight-major.
+"""Linear layers on the CPU: every weight packed once, at load time, for the library that
+multiplies it, so that no decode step re-packs it.
 
-`F.linear` on bf16 CPU tensors hands the weight to oneDNN, which reorders it into its blocked
-layout on every call. For decode batches (a few rows against a large weight) that reorder
-costs about as much as the product itself. Packed once, the same product is bit-identical and
-measured here (one thread, AVX512-BF16) on SmolLM2's shapes: gate/up 576x3072 at 1 row 146 us
--> 72 us, the LM head 576x49152 at 1 row 6.3 ms -> 3.1 ms, and 8-20% less at 64 rows. This is
-what PyTorch's inductor does for CPU linears when it freezes a model.
+- bf16 (oneDNN). `F.linear` on bf16 CPU tensors hands the weight to oneDNN, which reorders it
+  into its blocked layout on every call; for decode batches that costs about as much as the
+  product. Packed once the product is bit-identical, and measured (one thread, AVX512-BF16)
+  on SmolLM2's shapes: gate/up 576x3072 at 1 row 146 -> 72 us, the LM head at 1 row 6.3 ->
+  3.1 ms, 8-20% less at 64 rows. This is what PyTorch's inductor does when it freezes a model.
+- fp32 (MKL). `F.linear` calls MKL's sgemm, which copies ("packs") the weight into its tile
+  layout on every call: for a few rows against a large weight that copy is most of the work,
+  and 2 rows cost as much as two one-row products. MKL's packed API (`cblas_sgemm_pack` once,
+  `cblas_sgemm_compute` per call, reached through `mkl._mkl_linear`) skips it. SmolLM2's 121
+  linears in a row, weights in DRAM as in a decode step, 2 threads, AVX2 caps: 2 rows 56 ->
+  34 ms, 4 rows 64 -> 34, 8 rows 65 -> 39, 16 rows 83 -> 56, 48 rows 144 -> 120, 128 rows
+  353 -> 298; on AVX-512 4-64 rows 1.4-1.9x faster. One row stays with `F.linear` (a gemv,
+  which packs nothing and is 5% faster).
+
+  `mkl._mkl_linear` takes the packed product only when its batch-size argument equals the
+  row count it is given, and otherwise falls back to `F.linear`; it is passed the row count
+  of each call. The weight is packed once, for `MKL_PACK_ROWS` rows: a packing made for 64
+  rows served 2-512 rows correctly (to float rounding; the tests check it) and fastest of
+  the sizes tried (1-64). Each output is the same dot product, its partial sums added in
+  another order: the HF-exactness tests (fp32 greedy ids and logprobs) hold.
+
+  MKL lays a packing out for the thread count it was made with, and one made on 1 thread
+  ran 2-row to 48-row products on 2 threads no faster than `F.linear`. So the weights are
+  packed on the most threads the worker will use (`cpu_threads.most_threads`); a packing
+  made on 2 threads served 1 thread as fast as one made on 1 (the thread governor only
+  lowers the count from there).
 
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
 `linear`. It costs one more copy of the linear weights in memory.
-
-fp32 (MKL's sgemm, what `F.linear` calls) is slow for a few rows against a large weight: its
-micro-kernel tiles the rows of x, so 2-32 rows leave most of each FMA's lanes empty while the
-weight streams from memory. The same product taken as (W x^T)^T puts the weight's rows where
-the tiles are full: measured on SmolLM2's 121 linears in a row (one thread, AVX2 caps, weights
-in DRAM as in a decode step), 2 rows 167 -> 115 ms, 3 rows 207 -> 123 ms, 8 rows 159 -> 111 ms,
-16 rows 197 -> 129 ms, 32 rows 275 -> 209 ms; one row (a gemv either way) and 64 rows and more
-are left to F.linear. Each output is the same dot product; only the order of its partial sums
-may differ (a last-bit difference, as between F.linear's own paths for different row counts).
 """
 
 from __future__ import annotations
@@ -28,25 +39,30 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
+
 
 def can_prepack(weight: torch.Tensor) -> bool:
-    """True for a bf16 weight on a CPU whose oneDNN has bf16 kernels."""
-    return (
-        weight.device.type == "cpu"
-        and weight.dtype == torch.bfloat16
-        and weight.dim() == 2
-        and torch.backends.mkldnn.is_available()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    )
+    """True for a 2-D CPU weight in a dtype this CPU's libraries can pack: bf16 where oneDNN
+    has bf16 kernels, fp32 where torch was built with MKL."""
+    if weight.device.type != "cpu" or weight.dim() != 2:
+        return False
+    if weight.dtype == torch.bfloat16:
+        return torch.backends.mkldnn.is_available() and bool(
+            torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        )
+    if weight.dtype == torch.float32:
+        return torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+    return False
 
 
 def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """oneDNN's blocked copy of a [out, in] weight (the batch-size hint does not matter here:
-    the same packing served 1 to 300 rows equally well)."""
+    """The library's packed copy of a [out, in] weight: MKL's for fp32, oneDNN's blocked one
+    for bf16 (whose batch-size hint does not matter: the same packing served 1 to 300 rows
+    equally well)."""
+    if weight.dtype == torch.float32:
+        return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
-
-
-WEIGHT_MAJOR_ROWS = (2, 32)  # fp32 row counts computed as (W x^T)^T (see the module's note)
 
 
 def linear(
@@ -56,44 +72,27 @@ def linear(
     packed_weight: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x W^T (+ b), through the packed weight when the layer has one."""
-    if packed_weight is not None:
-        return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
-    if is_weight_major(x, weight):
-        return weight_major_linear(x, weight, bias)
-    return F.linear(x, weight, bias)
+    if packed_weight is None:
+        return F.linear(x, weight, bias)
+    if weight.dtype == torch.float32:
+        num_rows = x.numel() // x.shape[-1]
+        if num_rows <= 1:  # a gemv packs nothing: F.linear is as fast
+            return F.linear(x, weight, bias)
+        return torch.ops.mkl._mkl_linear(x, packed_weight, weight, bias, num_rows)
+    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
 
 
-def is_weight_major(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """A few rows of fp32 on the CPU: faster as (W x^T)^T."""
-    low, high = WEIGHT_MAJOR_ROWS
-    return (
-        x.dim() == 2
-        and low <= x.shape[0] <= high
-        and x.dtype == weight.dtype == torch.float32
-        and x.device.type == "cpu"
-    )
-
-
-def weight_major_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None
-) -> torch.Tensor:
-    """x W^T (+ b) computed as (W x^T)^T, returned row-major like F.linear's."""
-    if bias is None:
-        product = torch.mm(weight, x.t())
-    else:
-        product = torch.addmm(bias.unsqueeze(1), weight, x.t())
-    return product.t().contiguous()
-
-
-def prepack_linears(model: nn.Module) -> int:
-    """Pack every layer of `model` that has a `packed_weight` slot and a packable weight;
-    returns how many were packed."""
-    num_packed = 0
-    for module in model.modules():
-        if not hasattr(module, "packed_weight"):
-            continue
-        weight = module.weight
-        if can_prepack(weight):
-            module.packed_weight = pack_weight(weight)
-            num_packed += 1
-    return num_packed
+def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
+    """Pack every layer of `model` that has a `packed_weight` slot and a packable weight, on
+    `num_threads` threads (default: the current count); returns how many were packed."""
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(num_threads or previous_threads)
+    try:
+        num_packed = 0
+        for module in model.modules():
+            if hasattr(module, "packed_weight") and can_prepack(module.weight):
+                module.packed_weight = pack_weight(module.weight)
+                num_packed += 1
+        return num_packed
+    finally:
+        torch.set_num_threads(previous_threads)

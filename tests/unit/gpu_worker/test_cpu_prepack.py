@@ -1,4 +1,4 @@
-"""CPU linears: packed bf16 and weight-major fp32 give F.linear's numbers, on every layer."""
+"""CPU linears: packed bf16 and packed fp32 give F.linear's numbers, on every layer."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import torch.nn.functional as F
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from services.gpu_worker.layers.cpu_prepack import (
     can_prepack,
-    is_weight_major,
     linear,
     pack_weight,
+    prepack_linears,
 )
 from services.gpu_worker.model_loader import load_model
 
@@ -33,34 +33,77 @@ def test_packed_linear_is_bit_identical_to_f_linear(num_rows, with_bias):
     assert torch.equal(linear(x, weight, bias, pack_weight(weight)), expected)
 
 
-def test_fp32_and_non_2d_weights_are_not_packed():
-    assert not can_prepack(torch.zeros(4, 4))
+requires_mkl = pytest.mark.skipif(
+    not can_prepack(torch.zeros(1, 1)),
+    reason="this torch has no MKL: fp32 layers keep F.linear",
+)
+
+
+def test_other_dtypes_and_non_2d_weights_are_not_packed():
     assert not can_prepack(torch.zeros(4, dtype=torch.bfloat16))
+    assert not can_prepack(torch.zeros(4))
+    assert not can_prepack(torch.zeros(4, 4, dtype=torch.float16))
+    assert not can_prepack(torch.zeros(4, 4, dtype=torch.float64))
 
 
-@pytest.mark.parametrize("num_rows", [1, 64, 100])
-def test_one_row_and_many_rows_are_f_linear(num_rows):
-    weight, x = torch.randn(8, 4), torch.randn(num_rows, 4)
-    assert not is_weight_major(x, weight)
-    assert torch.equal(linear(x, weight), F.linear(x, weight))
-
-
-@pytest.mark.parametrize("num_rows", [2, 3, 16, 32])
+@requires_mkl
+@pytest.mark.parametrize("num_rows", [2, 3, 16, 17, 63, 64, 65, 100, 512])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_a_few_fp32_rows_are_the_same_product_weight_major(num_rows, with_bias):
+def test_packed_fp32_linear_is_f_linear_at_every_row_count(num_rows, with_bias):
+    """The weight is packed once, for MKL_PACK_ROWS rows, and serves every row count."""
     torch.manual_seed(0)
     weight = torch.randn(300, 96)
     bias = torch.randn(300) if with_bias else None
     x = torch.randn(num_rows, 192)[:, ::2]  # a strided input, as after a split
-    assert is_weight_major(x, weight)
-    out = linear(x, weight, bias)
+    out = linear(x, weight, bias, pack_weight(weight))
     assert out.shape == (num_rows, 300) and out.is_contiguous()
     torch.testing.assert_close(out, F.linear(x, weight, bias), rtol=1e-5, atol=1e-5)
 
 
-def test_bf16_rows_are_never_weight_major():
-    weight, x = torch.randn(8, 4).bfloat16(), torch.randn(4, 4).bfloat16()
-    assert not is_weight_major(x, weight)
+@requires_mkl
+def test_one_fp32_row_is_f_linears_gemv_exactly():
+    torch.manual_seed(0)
+    weight, x = torch.randn(300, 96), torch.randn(1, 96)
+    assert torch.equal(linear(x, weight, None, pack_weight(weight)), F.linear(x, weight))
+
+
+@requires_mkl
+def test_packed_fp32_rows_do_not_depend_on_each_other():
+    """A row's product is the same whichever rows share its batch (a decode batch grows and
+    shrinks step to step)."""
+    torch.manual_seed(0)
+    weight = torch.randn(512, 128)
+    packed = pack_weight(weight)
+    x = torch.randn(40, 128)
+    alone = linear(x[:8], weight, None, packed)
+    torch.testing.assert_close(linear(x, weight, None, packed)[:8], alone, rtol=1e-5, atol=1e-5)
+
+
+def test_unpacked_layers_are_f_linear():
+    weight, x = torch.randn(8, 4), torch.randn(3, 4)
+    assert torch.equal(linear(x, weight), F.linear(x, weight))
+
+
+@requires_mkl
+def test_packing_runs_on_the_given_threads_and_restores_the_count():
+    seen = []
+
+    class Probe(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(8, 4))
+            self.packed_weight = None
+
+        def __setattr__(self, name, value):
+            if name == "packed_weight" and value is not None:
+                seen.append(torch.get_num_threads())
+            super().__setattr__(name, value)
+
+    before = torch.get_num_threads()
+    model = torch.nn.Sequential(Probe(), Probe())
+    assert prepack_linears(model, num_threads=before + 1) == 2
+    assert seen == [before + 1, before + 1]
+    assert torch.get_num_threads() == before
 
 
 def _load(model_dir, dtype):
@@ -84,6 +127,11 @@ def test_bf16_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
     assert torch.equal(model.compute_logits(hidden), unpacked_logits)
 
 
-def test_fp32_model_keeps_plain_weights(tiny_llama_dir):
+@requires_mkl
+def test_fp32_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
     model = _load(tiny_llama_dir, torch.float32)
-    assert all(getattr(m, "packed_weight", None) is None for m in model.modules())
+    slots = [m for m in model.modules() if hasattr(m, "packed_weight")]
+    assert slots and all(m.packed_weight is not None for m in slots)
+    hidden = torch.randn(5, model.config.hidden_size)
+    expected = F.linear(hidden, model.lm_head.weight)
+    torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=1e-5, atol=1e-5)

@@ -132,6 +132,19 @@ def test_cpu_threads_at_start_respect_override_rank_share_and_busy_cores(monkeyp
 
 
 @pytest.mark.skipif(not ct.PROC_STAT.exists(), reason="reads Linux's /proc/stat")
+def test_most_threads_is_every_core_for_a_governed_worker_else_the_fixed_or_start_count(
+    monkeypatch,
+):
+    """What MKL packs fp32 weights for: the most threads the worker will run with."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 0.0, 0.0))  # 3 cores idle at start
+    monkeypatch.delenv("PAGEDSERVE_NUM_THREADS", raising=False)
+    assert ct.most_threads(1) == 8  # the governor may raise the count to every core
+    assert ct.most_threads(2) == 1  # tensor-parallel ranks keep their start share
+    monkeypatch.setenv("PAGEDSERVE_NUM_THREADS", "3")
+    assert ct.most_threads(1) == ct.most_threads(2) == 3
+
+
 def test_governor_gives_cores_back_to_real_cpu_bound_neighbours(restore_threads):
     """One `while True: pass` per core: whatever else the machine runs, the others now use
     (nearly) every core, and the governor, reading the real /proc/stat, drops to one thread."""
