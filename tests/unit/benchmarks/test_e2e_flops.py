@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from benchmarks.e2e_flops import (
+    best_rate,
     fraction_of_flop_limit,
     layer_weights,
     model_dims,
@@ -56,3 +57,14 @@ def test_workload_sums_requests_and_fraction_divides(dims: dict[str, int]) -> No
     assert fraction_of_flop_limit(100.0, 2.0, 100.0) == 0.5
     with pytest.raises(ValueError, match="positive"):
         fraction_of_flop_limit(1.0, 0.0, 1.0)
+
+
+def test_the_flop_limit_is_the_fastest_matmul_sample_and_keeps_them_all() -> None:
+    samples = [
+        {"dtype": "float32", "threads": 2, "flops_per_s": r} for r in (7.6e10, 1.08e11, 9e10)
+    ]
+    rate = best_rate(samples)
+    assert rate["flops_per_s"] == 1.08e11 and rate["threads"] == 2
+    assert rate["samples_flops_per_s"] == [7.6e10, 1.08e11, 9e10]
+    with pytest.raises(ValueError, match="no matmul rate"):
+        best_rate([])

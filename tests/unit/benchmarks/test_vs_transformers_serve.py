@@ -87,6 +87,10 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     assert "flags avx2, fma; ISA caps: MKL_ENABLE_INSTRUCTIONS=AVX2" in text
     assert "96 GFLOP/s on 2 threads" in text and "4.50x" in text and "| 16 | 90.0 |" in text
     assert "stolen" not in text  # results from before steal was recorded
+    assert "best of" not in text  # results from before the rate was sampled three times
+    result["matmul_rate"]["samples_flops_per_s"] = [7.6e10, 9.6e10, 9e10]
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "96 GFLOP/s on 2 threads (the best of 3 measurements" in text and "76, 96, 90)" in text
     result["pagedserve"] = {"steal_share": 0.02}
     result["transformers_serve"] = {"steal_share": 0.37}
     text = "\n".join(report_section(copy.deepcopy(result)))
