@@ -59,14 +59,24 @@ def cpu_threads(world_size: int) -> int:
     return max(1, min(num_cores, idle) // world_size)
 
 
-def most_threads(world_size: int) -> int:
-    """The most threads the worker will ever run with: the fixed count, every usable core for
-    a single governed worker, else (tensor-parallel ranks keep their start count) the start
-    count. MKL's fp32 weight packing is made for this many (see `cpu_prepack`)."""
-    fixed = fixed_threads()
-    if fixed is not None:
-        return fixed
-    return usable_cores() if world_size == 1 else cpu_threads(world_size)
+def is_governed(device: torch.device, world_size: int) -> bool:
+    """A `ThreadGovernor` re-chooses the count: a single CPU worker whose count is not fixed,
+    on a system with /proc/stat (not a GPU, nor tensor-parallel ranks, which would count each
+    other as "others")."""
+    return (
+        device.type == "cpu"
+        and world_size == 1
+        and fixed_threads() is None
+        and hasattr(os, "sched_getaffinity")
+        and PROC_STAT.exists()
+    )
+
+
+def most_threads(device: torch.device, world_size: int) -> int:
+    """The most threads the worker will ever run with: every usable core where the governor
+    may raise the count to them, else the count set at start. MKL's fp32 weight packing is
+    made for this many (see `cpu_prepack`)."""
+    return usable_cores() if is_governed(device, world_size) else torch.get_num_threads()
 
 
 def threads_for(other_cores: float, num_cores: int) -> int:
@@ -121,14 +131,8 @@ class ThreadGovernor:
 
     @classmethod
     def for_worker(cls, device: torch.device, world_size: int) -> ThreadGovernor | None:
-        """A governor for a single CPU worker whose count is not fixed; None otherwise (a GPU,
-        a fixed count, tensor-parallel ranks that would count each other as "others", or no
-        /proc/stat)."""
-        if device.type != "cpu" or world_size != 1 or fixed_threads() is not None:
-            return None
-        if not hasattr(os, "sched_getaffinity") or not PROC_STAT.exists():
-            return None
-        return cls()
+        """A governor where the worker's count is governed (`is_governed`); None otherwise."""
+        return cls() if is_governed(device, world_size) else None
 
     def poll(self) -> int | None:
         """Sets and returns the new thread count when it changed, else None."""

@@ -75,5 +75,5 @@ def load_model(
     missing = sorted(model.expected_weights() - loaded)
     if missing:
         raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
-    prepack_linears(model, most_threads(get_tp_world_size()))  # CPU only; a no-op elsewhere
+    prepack_linears(model, most_threads(device, get_tp_world_size()))  # CPU only; a no-op elsewhere
     return model.eval()

@@ -61,11 +61,18 @@ def fake_samples(monkeypatch, samples):
     monkeypatch.setattr(ct, "read_sample", lambda cores: next(feed))
 
 
+def governor_on_two_threads(monkeypatch, samples) -> ThreadGovernor:
+    """A governor of two cores, polled every second, fed `samples`, from 2 threads."""
+    fake_samples(monkeypatch, samples)
+    torch.set_num_threads(2)
+    return ThreadGovernor(interval_s=1.0, cores={0, 1})
+
+
 def test_governor_steps_down_when_others_take_a_core_and_back_up_when_they_stop(
     monkeypatch, restore_threads
 ):
     now = time.monotonic()
-    fake_samples(
+    governor = governor_on_two_threads(
         monkeypatch,
         [
             CpuSample(now - 10.0, 0.0, 0.0),
@@ -74,8 +81,6 @@ def test_governor_steps_down_when_others_take_a_core_and_back_up_when_they_stop(
             CpuSample(now - 4.0, 10.0, 6.5),  # others: 0.05
         ],
     )
-    torch.set_num_threads(2)
-    governor = ThreadGovernor(interval_s=1.0, cores={0, 1})
     assert governor.poll() == 1
     assert torch.get_num_threads() == 1
     assert governor.poll() is None  # unchanged
@@ -87,7 +92,7 @@ def test_a_failed_read_keeps_the_count_and_the_window_and_the_next_read_decides(
     monkeypatch, restore_threads
 ):
     now = time.monotonic()
-    fake_samples(
+    governor = governor_on_two_threads(
         monkeypatch,
         [
             CpuSample(now - 10.0, 0.0, 0.0),
@@ -95,8 +100,6 @@ def test_a_failed_read_keeps_the_count_and_the_window_and_the_next_read_decides(
             CpuSample(now - 6.0, 8.0, 4.0),  # others: 1.0 core over the 4 s since the first
         ],
     )
-    torch.set_num_threads(2)
-    governor = ThreadGovernor(interval_s=1.0, cores={0, 1})
     assert governor.poll() is None
     assert torch.get_num_threads() == 2
     assert governor.poll() == 1
@@ -132,17 +135,21 @@ def test_cpu_threads_at_start_respect_override_rank_share_and_busy_cores(monkeyp
 
 
 @pytest.mark.skipif(not ct.PROC_STAT.exists(), reason="reads Linux's /proc/stat")
-def test_most_threads_is_every_core_for_a_governed_worker_else_the_fixed_or_start_count(
-    monkeypatch,
+@pytest.mark.skipif(not ct.PROC_STAT.exists(), reason="governed only where /proc/stat exists")
+def test_most_threads_is_every_core_for_a_governed_worker_else_the_count_set_at_start(
+    monkeypatch, restore_threads
 ):
     """What MKL packs fp32 weights for: the most threads the worker will run with."""
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
-    monkeypatch.setattr(os, "getloadavg", lambda: (5.0, 0.0, 0.0))  # 3 cores idle at start
     monkeypatch.delenv("PAGEDSERVE_NUM_THREADS", raising=False)
-    assert ct.most_threads(1) == 8  # the governor may raise the count to every core
-    assert ct.most_threads(2) == 1  # tensor-parallel ranks keep their start share
+    torch.set_num_threads(1)  # the start count
+    cpu = torch.device("cpu")
+    assert ct.most_threads(cpu, 1) == 8  # the governor may raise the count to every core
+    assert ct.most_threads(cpu, 2) == 1  # tensor-parallel ranks keep their start count
+    assert ct.most_threads(torch.device("cuda", 0), 1) == 1
     monkeypatch.setenv("PAGEDSERVE_NUM_THREADS", "3")
-    assert ct.most_threads(1) == ct.most_threads(2) == 3
+    torch.set_num_threads(3)  # what the runner sets from it
+    assert ct.most_threads(cpu, 1) == ct.most_threads(cpu, 2) == 3
 
 
 def test_governor_gives_cores_back_to_real_cpu_bound_neighbours(restore_threads):
