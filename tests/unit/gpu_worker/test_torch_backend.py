@@ -1,10 +1,13 @@
-"""The torch backend against kernels/reference.py, and the metadata builder."""
+"""The torch backend against kernels/reference.py, and the metadata builder. Attention runs
+both ways the backend can take on a CPU: through the C kernel (short sequences) and through
+torch ops alone (no compiler, or the kernel turned off)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
+from kernels import cpu_paged_attention
 from kernels.reference import paged_decode_attention, paged_prefill_attention, write_kv_cache
 from services.gpu_worker.attention.base import build_attention_metadata
 from services.gpu_worker.attention.selector import get_attention_backend_cls
@@ -30,6 +33,16 @@ def random_tables(seq_lens: list[int], seed: int = 1) -> list[list[int]]:
     return tables
 
 
+@pytest.fixture(params=["kernel", "torch"])
+def attention_path(request, monkeypatch):
+    """Run the test through the C kernel, or through torch ops alone."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_paged_attention, "supports", lambda query, cache: False)
+    else:
+        assert cpu_paged_attention.load() is not None, "the C kernel must build in CI"
+    return request.param
+
+
 def test_metadata_slots_and_positions():
     meta = build_attention_metadata([6, 1], [2, 1], [[7, 3], [5]], BLOCK_SIZE, torch.device("cpu"))
     # seq 0's new tokens sit at positions 4 and 5 -> block 3, offsets 0 and 1; seq 1 at 0.
@@ -45,7 +58,7 @@ def test_metadata_slots_and_positions():
     [[1, 5, 17, 33, 8], [3, 90, 4, 7, 120, 2, 9, 15, 60, 1, 5]],  # the second is length-grouped
     ids=["flat", "grouped"],
 )
-def test_decode_batch_matches_reference(dtype, seq_lens):
+def test_decode_batch_matches_reference(dtype, seq_lens, attention_path):
     batch = len(seq_lens)
     k_cache, v_cache = random_caches(dtype)
     tables = random_tables(seq_lens)
@@ -72,10 +85,12 @@ def test_decode_batch_matches_reference(dtype, seq_lens):
         # a fresh prompt, a chunk over a cached prefix, a one-token prompt and a long-tailed
         # set of decodes (which take the length-grouped path)
         ([12, 30, 1, 2, 3, 5, 40, 70, 6, 9, 11, 100], [12, 7, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1]),
+        # chunks longer than the kernel takes (SDPA) beside short ones and decodes
+        ([40, 17, 60, 5, 33], [40, 17, 16, 1, 2]),
     ],
-    ids=["small", "long-tailed"],
+    ids=["small", "long-tailed", "long-chunks"],
 )
-def test_mixed_batch_matches_reference(dtype, seq_lens, query_lens):
+def test_mixed_batch_matches_reference(dtype, seq_lens, query_lens, attention_path):
     k_cache, v_cache = random_caches(dtype)
     tables = random_tables(seq_lens)
     meta = build_attention_metadata(seq_lens, query_lens, tables, BLOCK_SIZE, torch.device("cpu"))

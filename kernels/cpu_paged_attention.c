@@ -1,0 +1,284 @@
+/* Paged attention on the CPU in one pass over the cache: no gathered copy of K/V.
+ *
+ * Every sequence's new tokens (one for a decode, a few for a short chunk) attend causally to
+ * its whole context, read in place from the paged cache through its block table. Work is
+ * split over (sequence, KV head) pairs; each pair computes the scores of all the query heads
+ * that share that KV head, for all its new tokens, so each cached key and value row is read
+ * once per pair. Softmax is exact (max-subtracted, over the full row) and in float32 whatever
+ * the cache dtype; bf16 is widened by a shift (bf16 is the top half of a float32).
+ *
+ * Speed comes from three things the compiler vectorizes (GCC vector extensions, 8 floats):
+ * scores for 8 keys at a time with one accumulator per key, summed across lanes by a shuffle
+ * tree instead of one horizontal sum per key; a polynomial exp (Cephes' expf, within 2 ulp)
+ * in place of libm's scalar expf; and the weighted sum of values as broadcast FMAs.
+ * head_dim must be a multiple of 8.
+ *
+ * Layouts (those of kernels/reference.py):
+ *   q, out        [T, Hq, D]            q's row t at t * q_row_stride; out contiguous
+ *   k/v cache     [N, BS, Hkv, D]       contiguous
+ *   block_tables  [S, max_blocks] int32
+ *   seq_lens      [S] int32             context length after this step's writes
+ *   query_start   [S + 1] int32         sequence s's new tokens are rows
+ *                                       [query_start[s], query_start[s + 1]) and sit at the
+ *                                       last positions of its context
+ *   seqs          [num_seqs] int32      the sequences to attend (others' rows are untouched)
+ * Returns 0, or -1 if scratch memory could not be allocated.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8f __attribute__((vector_size(32)));
+typedef int32_t v8i __attribute__((vector_size(32)));
+typedef uint16_t v8u16 __attribute__((vector_size(16)));
+
+#define TILE 8      /* keys scored together: one v8f of scores */
+#define PREFETCH 16 /* rows read ahead of use */
+
+static inline v8f load8(const float *p) {
+    v8f v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+/* Row `src` (d elements, float32 or bf16; d a multiple of 8) as float32 in `dst`. */
+static inline void widen_row(float *restrict dst, const void *src, int64_t d, int is_bf16) {
+    if (is_bf16) {
+        const char *s = (const char *)src;
+        for (int64_t i = 0; i < d; i += 8) {
+            v8u16 half;
+            memcpy(&half, s + 2 * i, sizeof half);
+            const v8i bits = __builtin_convertvector(half, v8i) << 16;
+            memcpy(dst + i, &bits, sizeof bits);
+        }
+    } else {
+        memcpy(dst, src, (size_t)d * sizeof(float));
+    }
+}
+
+static inline void store_row(void *dst, const float *restrict src, float scale, int64_t d,
+                             int is_bf16) {
+    if (is_bf16) {
+        uint16_t *o = (uint16_t *)dst;
+        for (int64_t i = 0; i < d; i++) o[i] = float_to_bf16(src[i] * scale);
+    } else {
+        float *o = (float *)dst;
+        for (int64_t i = 0; i < d; i++) o[i] = src[i] * scale;
+    }
+}
+
+/* Lane i of the result is the sum of the lanes of a[i]. */
+static inline v8f sum_lanes8(const v8f a[8]) {
+    const v8i even = {0, 8, 2, 10, 4, 12, 6, 14}, odd = {1, 9, 3, 11, 5, 13, 7, 15};
+    const v8i lo2 = {0, 1, 8, 9, 4, 5, 12, 13}, hi2 = {2, 3, 10, 11, 6, 7, 14, 15};
+    const v8i lo4 = {0, 1, 2, 3, 8, 9, 10, 11}, hi4 = {4, 5, 6, 7, 12, 13, 14, 15};
+    v8f pair[4], quad[2];
+    for (int i = 0; i < 4; i++)
+        pair[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], even) +
+                  __builtin_shuffle(a[2 * i], a[2 * i + 1], odd);
+    for (int i = 0; i < 2; i++)
+        quad[i] = __builtin_shuffle(pair[2 * i], pair[2 * i + 1], lo2) +
+                  __builtin_shuffle(pair[2 * i], pair[2 * i + 1], hi2);
+    return __builtin_shuffle(quad[0], quad[1], lo4) + __builtin_shuffle(quad[0], quad[1], hi4);
+}
+
+/* exp(x) for x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial). */
+static inline float exp_nonpositive(float x) {
+    if (x < -87.0f) return 0.0f;
+    const float n = floorf(x * 1.44269504088896341f + 0.5f);
+    const float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const int32_t bits = ((int32_t)n + 127) << 23;
+    float two_n;
+    memcpy(&two_n, &bits, sizeof two_n);
+    return p * two_n;
+}
+
+/* offsets[t]: where token t's row for `kv_head` starts in either cache, in elements. */
+static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
+                        int64_t block_size, int64_t cache_row, int64_t kv_head, int64_t d) {
+    for (int64_t start = 0, b = 0; start < seq_len; start += block_size, b++) {
+        const int64_t base = (int64_t)table[b] * block_size * cache_row + kv_head * d;
+        const int64_t end = start + block_size < seq_len ? start + block_size : seq_len;
+        for (int64_t t = start; t < end; t++) offsets[t] = base + (t - start) * cache_row;
+    }
+}
+
+/* scores[r * stride + t] = scale * <query r, key t> for t in [0, seq_len), 8 keys at a time. */
+static void score_keys(float *scores, int64_t stride, const float *queries, int64_t rows,
+                       const void *k_cache, const int64_t *offsets, int64_t seq_len, int64_t d,
+                       float scale, int is_bf16, float *tile) {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    for (int64_t t0 = 0; t0 < seq_len; t0 += TILE) {
+        for (int64_t t = t0 + PREFETCH; t < t0 + PREFETCH + TILE && t < seq_len; t++) {
+            const char *ahead = (const char *)k_cache + offsets[t] * elem;
+            for (int64_t b = 0; b < d * elem; b += 64) __builtin_prefetch(ahead + b);
+        }
+        const float *key[TILE];
+        for (int64_t k = 0; k < TILE; k++) {
+            const int64_t t = t0 + k < seq_len ? t0 + k : t0; /* past the end: any valid row */
+            const char *src = (const char *)k_cache + offsets[t] * elem;
+            if (is_bf16) {
+                widen_row(tile + k * d, src, d, 1);
+                key[k] = tile + k * d;
+            } else {
+                key[k] = (const float *)src;
+            }
+        }
+        const int64_t valid = seq_len - t0 < TILE ? seq_len - t0 : TILE;
+        for (int64_t r = 0; r < rows; r++) {
+            const float *q = queries + r * d;
+            v8f acc[TILE] = {0};
+            for (int64_t c = 0; c < d; c += 8) {
+                const v8f qc = load8(q + c);
+                for (int k = 0; k < TILE; k++) acc[k] += qc * load8(key[k] + c);
+            }
+            v8f s = sum_lanes8(acc) * scale;
+            if (valid == TILE) {
+                store8(scores + r * stride + t0, s);
+            } else {
+                for (int64_t k = 0; k < valid; k++) scores[r * stride + t0 + k] = s[k];
+            }
+        }
+    }
+}
+
+/* Row r's scores become softmax weights over its first visible[r] keys (0 past them);
+ * returns nothing, writes 1 / sum into inv_sum[r] (the weights are left unnormalized). */
+static void softmax_rows(float *scores, int64_t stride, int64_t rows, int64_t seq_len,
+                         int64_t first_pos, int64_t group, float *inv_sum) {
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t visible = first_pos + r / group + 1;
+        float *row = scores + r * stride;
+        float max = -INFINITY;
+#pragma omp simd reduction(max : max)
+        for (int64_t t = 0; t < visible; t++) max = row[t] > max ? row[t] : max;
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t t = 0; t < visible; t++) {
+            row[t] = exp_nonpositive(row[t] - max);
+            sum += row[t];
+        }
+        for (int64_t t = visible; t < seq_len; t++) row[t] = 0.0f;
+        inv_sum[r] = 1.0f / sum;
+    }
+}
+
+/* acc[r * d ...] = sum over t of scores[r * stride + t] * value t. */
+static void weigh_values(float *acc, const float *scores, int64_t stride, int64_t rows,
+                         const void *v_cache, const int64_t *offsets, int64_t seq_len, int64_t d,
+                         int is_bf16, float *tile) {
+    const int64_t elem = is_bf16 ? 2 : 4;
+    memset(acc, 0, (size_t)(rows * d) * sizeof(float));
+    for (int64_t t = 0; t < seq_len; t++) {
+        const char *src = (const char *)v_cache + offsets[t] * elem;
+        if (t + PREFETCH < seq_len) {
+            const char *ahead = (const char *)v_cache + offsets[t + PREFETCH] * elem;
+            for (int64_t b = 0; b < d * elem; b += 64) __builtin_prefetch(ahead + b);
+        }
+        const float *value = (const float *)src;
+        if (is_bf16) {
+            widen_row(tile, src, d, 1);
+            value = tile;
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const v8f p = (v8f){0} + scores[r * stride + t];
+            float *a = acc + r * d;
+            for (int64_t c = 0; c < d; c += 8) store8(a + c, load8(a + c) + p * load8(value + c));
+        }
+    }
+}
+
+/* One (sequence, KV head) pair: rows = num_new * group query rows; row (j, g) is new token j's
+ * query head kv_head * group + g and sees the first seq_len - num_new + j + 1 keys.
+ * scratch: scores (rows * stride), accumulators and queries (rows * d each), a tile of
+ * TILE * d widened rows, rows normalizers, then seq_len row offsets (int64, 2 floats each). */
+static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
+                        const void *v_cache, const int32_t *table, int64_t seq_len,
+                        int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
+                        int is_bf16, float *scratch) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t rows = num_new * group;
+    const int64_t elem = is_bf16 ? 2 : 4;
+    const int64_t cache_row = num_kv_heads * d; /* elements between tokens in a block */
+    const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
+    float *scores = scratch;
+    float *acc = scores + rows * stride;
+    float *queries = acc + rows * d;
+    float *tile = queries + rows * d;
+    float *inv_sum = tile + TILE * d;
+    int64_t *offsets = (int64_t *)(inv_sum + rows + (rows & 1)); /* 8-byte aligned */
+
+    for (int64_t j = 0; j < num_new; j++)
+        for (int64_t g = 0; g < group; g++) {
+            const char *src = (const char *)q +
+                              ((first_row + j) * q_row_stride + (kv_head * group + g) * d) * elem;
+            widen_row(queries + (j * group + g) * d, src, d, is_bf16);
+        }
+    row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
+    score_keys(scores, stride, queries, rows, k_cache, offsets, seq_len, d, scale, is_bf16, tile);
+    softmax_rows(scores, stride, rows, seq_len, seq_len - num_new, group, inv_sum);
+    weigh_values(acc, scores, stride, rows, v_cache, offsets, seq_len, d, is_bf16, tile);
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t j = r / group, head = kv_head * group + r % group;
+        char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * elem;
+        store_row(dst, acc + r * d, inv_sum[r], d, is_bf16);
+    }
+}
+
+int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
+                    const void *v_cache, const int32_t *block_tables, int64_t max_blocks,
+                    const int32_t *seq_lens, const int32_t *query_start, const int32_t *seqs,
+                    int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
+                    int64_t block_size, float scale, int is_bf16) {
+    const int64_t group = num_heads / num_kv_heads;
+    int64_t most = 0; /* the largest scratch any pair needs */
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t s = seqs[i];
+        const int64_t rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
+        const int64_t stride = (seq_lens[s] + TILE - 1) / TILE * TILE;
+        const int64_t need =
+            rows * stride + 2 * rows * head_dim + TILE * head_dim + rows + 1 + 2 * seq_lens[s];
+        most = need > most ? need : most;
+    }
+    int failed = 0;
+#pragma omp parallel
+    {
+        float *scratch = (float *)malloc((size_t)most * sizeof(float));
+        if (scratch == NULL) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for collapse(2) schedule(dynamic, 1)
+        for (int64_t i = 0; i < num_seqs; i++)
+            for (int64_t h = 0; h < num_kv_heads; h++) {
+                const int64_t s = seqs[i];
+                const int64_t num_new = query_start[s + 1] - query_start[s];
+                if (scratch == NULL || num_new == 0) continue;
+                attend_pair(out, q, q_row_stride, k_cache, v_cache,
+                            block_tables + s * max_blocks, seq_lens[s], query_start[s], num_new,
+                            h, num_heads, num_kv_heads, head_dim, block_size, scale, is_bf16,
+                            scratch);
+            }
+        free(scratch);
+    }
+    return failed ? -1 : 0;
+}

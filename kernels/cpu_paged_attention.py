@@ -1,0 +1,208 @@
+"""Paged attention on the CPU in one pass over the cache (`cpu_paged_attention.c`), built with
+the machine's C compiler on first use and loaded through ctypes.
+
+The torch backend's decode attention gathers every sequence's K/V out of the paged cache
+into a padded copy and has SDPA read that copy again: at 48 sequences of ~170 tokens on 2
+AVX2 cores, 120 of a 350 ms step. This kernel reads each cached row once, in place.
+
+Building: `cc -O3 -fopenmp -shared` with the vector ISA torch itself runs at
+(`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps, so a machine
+told to behave as AVX2-only gets AVX2 code here too). The library is cached in
+`$PAGEDSERVE_CACHE/kernels` (default `~/.cache/pagedserve/kernels`), named by a hash of the
+source, the flags and the compiler, and written atomically, so concurrent workers share one
+build. Its OpenMP runtime is torch's own (the same `libgomp.so.1`, already loaded), so it
+runs on torch's thread pool and thread count.
+
+No compiler, or a failed build: `load()` returns None, says why once in the log, and the
+backend keeps its torch path. `PAGEDSERVE_CPU_ATTENTION_KERNEL=0` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+from shared import model_files
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
+DTYPES = (torch.float32, torch.bfloat16)  # the cache and query dtypes it reads
+
+_ISA_FLAGS = {
+    "AVX512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"),
+    "AVX2": ("-mavx2", "-mfma"),
+}
+
+
+class KernelBuildError(RuntimeError):
+    """The C compiler is missing or failed."""
+
+
+def enabled() -> bool:
+    return os.environ.get("PAGEDSERVE_CPU_ATTENTION_KERNEL", "1") not in ("0", "false", "no")
+
+
+def compile_flags() -> list[str]:
+    isa = _ISA_FLAGS.get(str(torch.backends.cpu.get_cpu_capability()), ())
+    return ["-O3", "-fopenmp", "-fPIC", "-shared", *isa]
+
+
+def find_compiler() -> str:
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not compiler:
+        raise KernelBuildError("no C compiler found (set CC, or install gcc)")
+    return compiler
+
+
+def build(directory: Path | None = None) -> Path:
+    """The compiled library's path, compiling it if this source, flags and compiler have no
+    build in `directory` yet. Raises `KernelBuildError`."""
+    compiler = find_compiler()
+    flags = compile_flags()
+    try:
+        version = subprocess.run(
+            [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
+        ).stdout
+    except (OSError, subprocess.SubprocessError) as exc:
+        raise KernelBuildError(f"C compiler {compiler!r} does not run: {exc}") from exc
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + version.encode())
+    directory = directory or model_files.cache_dir() / "kernels"
+    target = directory / f"cpu_paged_attention-{key.hexdigest()[:16]}.so"
+    if target.exists():
+        return target
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
+    os.close(fd)
+    try:
+        done = subprocess.run(
+            [compiler, *flags, "-o", partial, str(SOURCE), "-lm"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        if done.returncode != 0:
+            raise KernelBuildError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
+        os.replace(partial, target)  # atomic: a concurrent build writes the same bytes
+    finally:
+        Path(partial).unlink(missing_ok=True)
+    return target
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
+    if not enabled():
+        logger.info("CPU paged attention kernel turned off (PAGEDSERVE_CPU_ATTENTION_KERNEL=0)")
+        return None
+    try:
+        path = build()
+        library = ctypes.CDLL(str(path))
+    except (KernelBuildError, OSError) as exc:
+        logger.warning("CPU paged attention kernel unavailable, using torch ops: %s", exc)
+        return None
+    function = library.paged_attention
+    function.restype = ctypes.c_int
+    function.argtypes = [
+        ctypes.c_void_p,  # out
+        ctypes.c_void_p,  # q
+        ctypes.c_int64,  # q_row_stride
+        ctypes.c_void_p,  # k_cache
+        ctypes.c_void_p,  # v_cache
+        ctypes.c_void_p,  # block_tables
+        ctypes.c_int64,  # max_blocks
+        ctypes.c_void_p,  # seq_lens
+        ctypes.c_void_p,  # query_start
+        ctypes.c_void_p,  # seqs
+        ctypes.c_int64,  # num_seqs
+        ctypes.c_int64,  # num_heads
+        ctypes.c_int64,  # num_kv_heads
+        ctypes.c_int64,  # head_dim
+        ctypes.c_int64,  # block_size
+        ctypes.c_float,  # scale
+        ctypes.c_int,  # is_bf16
+    ]
+    logger.info("CPU paged attention kernel loaded from %s", path)
+    return library
+
+
+def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """The kernel can serve this layer: CPU tensors of one supported dtype, head_dim a
+    multiple of 8."""
+    return (
+        query.device.type == "cpu"
+        and k_cache.dtype in DTYPES
+        and query.dtype == k_cache.dtype
+        and query.shape[-1] % 8 == 0
+        and load() is not None
+    )
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S] int32, context after this step's writes
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    scale: float,
+    seqs: torch.Tensor | None = None,  # [n] int32: attend only these sequences
+    out: torch.Tensor | None = None,  # [T, Hq, D]: written at the attended rows only
+) -> torch.Tensor:  # [T, Hq, D]
+    """Causal attention of each sequence's new tokens over its paged context, as
+    `kernels.reference.paged_prefill_attention` (a decode is one new token). Needs `supports`."""
+    library = load()
+    if library is None:
+        raise KernelBuildError("the CPU paged attention kernel is not available")
+    num_tokens, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    if query.stride(2) != 1 or query.stride(1) != head_dim:
+        query = query.contiguous()
+    for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
+        if not tensor.is_contiguous() or tensor.dtype != query.dtype:
+            raise ValueError(f"{name} must be contiguous and of the query's dtype {query.dtype}")
+    tables = _int32(block_tables)
+    lens = _int32(seq_lens)
+    starts = _int32(query_start_loc)
+    if seqs is None:
+        seqs = torch.arange(lens.shape[0], dtype=torch.int32)
+    seqs = _int32(seqs)
+    if out is None:
+        out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype)
+    elif out.shape != query.shape or out.dtype != query.dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {query.dtype} tensor of shape {query.shape}")
+    status = library.paged_attention(
+        out.data_ptr(),
+        query.data_ptr(),
+        query.stride(0),
+        k_cache.data_ptr(),
+        v_cache.data_ptr(),
+        tables.data_ptr(),
+        tables.shape[1],
+        lens.data_ptr(),
+        starts.data_ptr(),
+        seqs.data_ptr(),
+        seqs.shape[0],
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        block_size,
+        scale,
+        int(query.dtype == torch.bfloat16),
+    )
+    if status != 0:
+        raise MemoryError("the CPU paged attention kernel could not allocate its scratch memory")
+    return out
+
+
+def _int32(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.to(torch.int32).contiguous()

@@ -1,0 +1,160 @@
+"""The C paged attention kernel (kernels/cpu_paged_attention.c) against kernels/reference.py,
+on caches whose unused slots hold NaN (a read outside a context shows), and its build."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_paged_attention
+from kernels.reference import paged_prefill_attention
+from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
+
+
+@pytest.fixture(autouse=True)
+def fresh_load():
+    """`load` remembers its answer; each test starts without one."""
+    cpu_paged_attention.load.cache_clear()
+    yield
+    cpu_paged_attention.load.cache_clear()
+
+
+def attend(case, query=None, **kwargs) -> torch.Tensor:
+    return cpu_paged_attention.paged_attention(
+        case.query if query is None else query,
+        case.poisoned_k_cache,
+        case.poisoned_v_cache,
+        case.block_tables,
+        case.seq_lens,
+        case.query_start_loc,
+        case.scale,
+        **kwargs,
+    )
+
+
+def expected(case) -> torch.Tensor:
+    return paged_prefill_attention(
+        case.query.float(),
+        case.k_cache.float(),
+        case.v_cache.float(),
+        case.block_tables,
+        case.query_start_loc,
+        case.seq_lens,
+        case.scale,
+    )
+
+
+def test_the_kernel_builds_here():
+    """CI installs a C compiler: the fast path must be there, not silently fall back."""
+    assert cpu_paged_attention.load() is not None
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(9, 3, 64, 8), (8, 8, 128, 16), (4, 1, 16, 4), (6, 2, 8, 1)],
+    ids=["smollm2", "mha-128", "mqa", "block-1"],
+)
+def test_decode_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size):
+    # lengths of 1, at and around block boundaries, and past one 8-key tile
+    seq_lens = [1, 7, 8, 9, 16, 17, 33, 170]
+    case = make_paged_case(
+        seq_lens, [1] * len(seq_lens), num_heads, num_kv_heads, head_dim, block_size, dtype
+    )
+    out = attend(case)
+    assert out.dtype == dtype and out.shape == case.query.shape
+    torch.testing.assert_close(out.float(), expected(case), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_chunks_attend_causally(dtype):
+    """Several new tokens per sequence (speculative verification, short prompts): token j
+    sees its cached prefix and the new tokens up to itself, no further."""
+    seq_lens = [5, 12, 40, 16, 3]
+    query_lens = [5, 4, 16, 1, 2]  # a whole fresh prompt, chunks over a prefix, a decode
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 8, dtype, seed=4)
+    torch.testing.assert_close(attend(case).float(), expected(case), **TOLERANCES[dtype])
+
+
+def test_strided_query_is_read_in_place():
+    """The model hands over q as a view into the fused qkv projection."""
+    case = make_paged_case([20, 9], [1, 1], 6, 2, 16, 4, torch.float32)
+    fused = torch.randn(2, 6 * 16 + 2 * 2 * 16)
+    fused[:, : 6 * 16] = case.query.reshape(2, -1)
+    query = fused[:, : 6 * 16].view(2, 6, 16)
+    assert not query.is_contiguous()
+    torch.testing.assert_close(
+        attend(case, query=query), expected(case), **TOLERANCES[torch.float32]
+    )
+
+
+def test_only_the_listed_sequences_are_written():
+    case = make_paged_case([10, 20, 30], [1, 3, 1], 6, 2, 16, 4, torch.float32)
+    out = poisoned_like(case.query)
+    attend(case, seqs=torch.tensor([0, 2]), out=out)
+    want = expected(case)
+    for rows in ([0], [4]):  # sequences 0 and 2
+        torch.testing.assert_close(out[rows], want[rows], **TOLERANCES[torch.float32])
+    assert out[1:4].isnan().all()  # sequence 1's three rows were left alone
+
+
+def test_an_out_of_the_wrong_shape_is_refused():
+    case = make_paged_case([10], [1], 6, 2, 16, 4, torch.float32)
+    with pytest.raises(ValueError, match="out must be a contiguous"):
+        attend(case, out=torch.empty(2, 6, 16))
+
+
+def test_a_cache_of_another_dtype_is_refused():
+    case = make_paged_case([10], [1], 6, 2, 16, 4, torch.float32)
+    with pytest.raises(ValueError, match="k_cache must be contiguous and of the query's dtype"):
+        cpu_paged_attention.paged_attention(
+            case.query,
+            case.k_cache.bfloat16(),
+            case.v_cache,
+            case.block_tables,
+            case.seq_lens,
+            case.query_start_loc,
+            case.scale,
+        )
+
+
+def test_supports_only_what_it_computes():
+    query = torch.zeros(1, 4, 16)
+    cache = torch.zeros(2, 4, 2, 16)
+    assert cpu_paged_attention.supports(query, cache)
+    assert not cpu_paged_attention.supports(query.half(), cache.half())  # fp16
+    assert not cpu_paged_attention.supports(query.bfloat16(), cache)  # mixed dtypes
+    assert not cpu_paged_attention.supports(torch.zeros(1, 4, 12), torch.zeros(2, 4, 2, 12))
+
+
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_CPU_ATTENTION_KERNEL", "0")
+    assert cpu_paged_attention.load() is None
+    assert not cpu_paged_attention.supports(torch.zeros(1, 4, 16), torch.zeros(2, 4, 2, 16))
+
+
+def test_a_build_is_reused(tmp_path):
+    first = cpu_paged_attention.build(tmp_path)
+    built_at = first.stat().st_mtime_ns
+    assert cpu_paged_attention.build(tmp_path) == first
+    assert first.stat().st_mtime_ns == built_at
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no partial file left
+
+
+def test_a_failing_compiler_falls_back_with_a_reason(tmp_path, monkeypatch, caplog):
+    monkeypatch.setenv("CC", "/bin/false")
+    monkeypatch.setenv("PAGEDSERVE_CACHE", str(tmp_path))
+    with pytest.raises(cpu_paged_attention.KernelBuildError, match="does not run"):
+        cpu_paged_attention.build(tmp_path)
+    assert cpu_paged_attention.load() is None
+    assert "CPU paged attention kernel unavailable" in caplog.text
+    assert not list(tmp_path.rglob("*.so"))
+
+
+def test_the_isa_follows_torchs_capability(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 on an AVX-512 machine must give AVX2 code here too."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    flags = cpu_paged_attention.compile_flags()
+    assert "-mavx2" in flags and not any(f.startswith("-mavx512") for f in flags)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    assert not any(f.startswith("-mavx") for f in cpu_paged_attention.compile_flags())
