@@ -63,6 +63,11 @@ class CacheConfig:
             )
 
 
+# Draft tokens per sequence and step, at most: with the token they follow, a sequence's step
+# stays within the CPU attention kernel's short-query path (KERNEL_MAX_QUERY_LEN, 16).
+MAX_SPECULATIVE_TOKENS = 15
+
+
 @dataclass(frozen=True)
 class SchedulerConfig:
     max_num_seqs: int = 256  # sequences running at once
@@ -73,10 +78,25 @@ class SchedulerConfig:
     max_waiting: int = 4096  # waiting requests beyond which new ones are refused
     policy: str = "fcfs"  # "fcfs" | "priority"
     enable_chunked_prefill: bool = True
+    # n-gram speculative decoding (prompt lookup, `services/scheduler/speculation.py`): draft
+    # tokens a greedy sequence may have checked in one step; 0: off
+    num_speculative_tokens: int = 0
+    # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
+    # more than the steps they save (every row is a full pass through the weights on a CPU)
+    speculative_max_num_seqs: int = 4
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
+        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], "
+                f"got {self.num_speculative_tokens}"
+            )
+        if self.speculative_max_num_seqs < 1:
+            raise ValueError(
+                f"speculative_max_num_seqs must be >= 1, got {self.speculative_max_num_seqs}"
+            )
         for name in ("max_num_seqs", "max_num_batched_tokens", "max_model_len", "max_waiting"):
             value = getattr(self, name)
             if not (value is None and name == "max_num_batched_tokens") and value < 1:

@@ -113,6 +113,11 @@ OPTIONS: dict[str, Option] = {
         Option("--gpu-memory-utilization", 0.9, float),
         Option("--max-waiting", 4096, int, help="waiting requests beyond which new are refused"),
         Option("--policy", "fcfs", choices=("fcfs", "priority")),
+        Option("--num-speculative-tokens", 0, int,
+               help="n-gram speculative decoding: draft tokens a greedy sequence may have "
+                    "checked per step (prompt lookup; output unchanged); 0: off"),
+        Option("--speculative-max-num-seqs", 4, int,
+               help="draft only in steps that run at most this many sequences"),
         Option("--scheduling-policy", "fcfs", choices=("fcfs", "priority")),
         Option("--no-prefix-caching", False, switch=True),
         Option("--no-enable-prefix-caching", True, switch=True, dest_name="enable_prefix_caching"),

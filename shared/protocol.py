@@ -13,7 +13,8 @@ Who sends what:
     worker    -> scheduler  WorkerHello, StepResult, Heartbeat     (ZeroMQ PUSH -> PULL)
 
 A step plan sends a sequence in full once (`NewSequence`), then only what changed
-(`CachedSequence`), and the ids of sequences whose state the workers should drop.
+(`CachedSequence`, with any draft tokens to check), and the ids of sequences whose state the
+workers should drop.
 """
 
 from __future__ import annotations
@@ -209,7 +210,10 @@ class CachedSequence:
     new_token_ids: list[int]  # tokens appended since the last plan (last step's sample)
     new_block_ids: list[int]  # blocks appended to its block table
     num_computed_tokens: int
-    num_scheduled_tokens: int
+    num_scheduled_tokens: int  # includes the draft tokens
+    # speculative tokens computed after the known ones this step (never kept by the workers):
+    # the step samples after the last known token and after each draft
+    draft_token_ids: list[int] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +280,9 @@ class StepResult:
     deferred_seq_ids: list[str] = field(default_factory=list)
     # sequences that cannot be sampled at all (their grammar failed to compile): seq_id -> why
     seq_errors: dict[str, str] = field(default_factory=dict)
+    # per sampled sequence, the tokens that follow token_ids[i] when it had drafts: the drafts
+    # that matched what was sampled, then the token sampled after them; None: no drafts
+    more_token_ids: list[list[int]] | None = None
 
 
 ROLE_SCHEDULER = "scheduler"

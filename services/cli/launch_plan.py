@@ -35,6 +35,8 @@ class ServeOptions:
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
+    num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
+    speculative_max_num_seqs: int = 4
     host: str = LOOPBACK
     port: int = 8000
     num_gateways: int = 1
@@ -113,6 +115,8 @@ def scheduler_spec(
         "tensor_parallel_size": options.tensor_parallel_size,
         "max_num_seqs": options.max_num_seqs,
         "policy": options.scheduling_policy,
+        "num_speculative_tokens": options.num_speculative_tokens,
+        "speculative_max_num_seqs": options.speculative_max_num_seqs,
         "block_size": options.block_size,
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "max_model_len": options.max_model_len,

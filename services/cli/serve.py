@@ -41,6 +41,7 @@ SERVE_OPTIONS = (
     "model", "served_model_name", "tensor_parallel_size", "dtype", "device",
     "attention_backend", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
     "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching", "scheduling_policy",
+    "num_speculative_tokens", "speculative_max_num_seqs",
     use("host", help="gateway bind address (default: loopback)"), "port", "num_gateways",
     "api_key",
     use("redis_url", default=None, env_aliases=("REDIS_URL",),
@@ -104,6 +105,8 @@ def _check_bounds(o: ServeOptions) -> None:
             max_num_batched_tokens=o.max_num_batched_tokens,
             max_model_len=o.max_model_len or 1 << 30,
             policy=o.scheduling_policy,
+            num_speculative_tokens=o.num_speculative_tokens,
+            speculative_max_num_seqs=o.speculative_max_num_seqs,
         )
     except ValueError as exc:
         problems.append(str(exc).replace("_", "-"))

@@ -41,6 +41,7 @@ from services.gpu_worker.prompt_logprobs import (
 )
 from services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
 from services.gpu_worker.sequence_state import SequenceState
+from services.gpu_worker.speculation import verify_drafts
 from services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
 from shared.config import (
     CacheConfig,
@@ -104,6 +105,8 @@ class _StepInputs:
     sampled: list[SequenceState]
     sample_index: torch.Tensor  # [S] rows of the hidden states to sample from
     prompt_slices: list[PromptSlice]  # rows that predict prompt tokens (prompt_logprobs)
+    # rows after each draft token, of the sampled sequences that have drafts, in order
+    draft_index: torch.Tensor | None
 
 
 class ModelRunner:
@@ -255,6 +258,7 @@ class ModelRunner:
         positions: list[int] = []
         sampled: list[SequenceState] = []
         sample_rows: list[int] = []
+        draft_rows: list[int] = []
         prompt_slices: list[PromptSlice] = []
         for state in scheduled:
             piece = prompt_slice(
@@ -267,7 +271,10 @@ class ModelRunner:
             positions.extend(range(state.num_computed_tokens, state.seq_len_after_step))
             if state.is_sampled:
                 sampled.append(state)
-                sample_rows.append(len(token_ids) - 1)
+                # the last known token's row; each draft's row follows it
+                last_known = len(token_ids) - 1 - len(state.draft_token_ids)
+                sample_rows.append(last_known)
+                draft_rows.extend(range(last_known + 1, len(token_ids)))
         metadata = build_attention_metadata(
             [s.seq_len_after_step for s in scheduled],
             [s.num_scheduled_tokens for s in scheduled],
@@ -281,6 +288,11 @@ class ModelRunner:
             sampled=sampled,
             sample_index=torch.tensor(sample_rows, dtype=torch.long, device=self.device),
             prompt_slices=prompt_slices,
+            draft_index=(
+                torch.tensor(draft_rows, dtype=torch.long, device=self.device)
+                if draft_rows
+                else None
+            ),
         )
         return inputs, metadata
 
@@ -298,10 +310,18 @@ class ModelRunner:
             collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
         if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
-        logits = self.model.compute_logits(hidden[inputs.sample_index])  # all ranks: gather
+        rows = inputs.sample_index
+        if inputs.draft_index is not None:
+            rows = torch.cat([rows, inputs.draft_index])
+        logits = self.model.compute_logits(hidden[rows])  # all ranks: gather
         if self.rank != 0 or logits is None:
             return None
-        result = self._sample(plan.step_id, logits, inputs.sampled, masks and masks.result())
+        num_sampled = len(inputs.sampled)
+        result = self._sample(
+            plan.step_id, logits[:num_sampled], inputs.sampled, masks and masks.result()
+        )
+        if inputs.draft_index is not None:
+            result = verify_drafts(result, logits[num_sampled:], inputs.sampled)
         return dataclasses.replace(result, execute_time_s=time.perf_counter() - start)
 
     def _start_masks(self, sampled: list[SequenceState]) -> Future[StepMasks] | None:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from services.gpu_worker.prompt_logprobs import PromptLogprobsCollector
 from shared.protocol import CachedSequence, NewSequence, SamplingParams
@@ -18,6 +18,8 @@ class SequenceState:
     num_computed_tokens: int = 0
     num_scheduled_tokens: int = 0
     prompt_logprobs: PromptLogprobsCollector | None = None  # when the request asked for them
+    # this step's speculative tokens, computed after token_ids and never kept
+    draft_token_ids: list[int] = field(default_factory=list)
 
     @classmethod
     def from_new(cls, seq: NewSequence) -> SequenceState:
@@ -41,26 +43,40 @@ class SequenceState:
         self.block_ids.extend(delta.new_block_ids)
         self.num_computed_tokens = delta.num_computed_tokens
         self.num_scheduled_tokens = delta.num_scheduled_tokens
+        self.draft_token_ids = delta.draft_token_ids
 
     @property
     def seq_len_after_step(self) -> int:
         return self.num_computed_tokens + self.num_scheduled_tokens
 
     @property
+    def num_known_tokens(self) -> int:
+        """Known tokens and this step's drafts."""
+        return len(self.token_ids) + len(self.draft_token_ids)
+
+    @property
     def is_sampled(self) -> bool:
-        """This step reaches the last known token, so it produces the next one."""
-        return self.seq_len_after_step == len(self.token_ids)
+        """This step reaches the last known token (and its drafts), so it produces the next
+        one (after the last known token and after each draft)."""
+        return self.seq_len_after_step == self.num_known_tokens
 
     def scheduled_token_ids(self) -> list[int]:
-        return self.token_ids[self.num_computed_tokens : self.seq_len_after_step]
+        tokens = self.token_ids + self.draft_token_ids if self.draft_token_ids else self.token_ids
+        return tokens[self.num_computed_tokens : self.seq_len_after_step]
 
     def validate(self, block_size: int, max_model_len: int) -> None:
         """A plan that would read or write outside this sequence's blocks is a bug upstream."""
         end = self.seq_len_after_step
-        if self.num_scheduled_tokens < 1 or end > len(self.token_ids):
+        if self.num_scheduled_tokens < 1 or end > self.num_known_tokens:
             raise ValueError(
                 f"sequence {self.seq_id}: scheduled tokens [{self.num_computed_tokens}, {end}) "
-                f"must be non-empty and within its {len(self.token_ids)} known tokens"
+                f"must be non-empty and within its {len(self.token_ids)} known tokens and "
+                f"{len(self.draft_token_ids)} drafts"
+            )
+        if self.draft_token_ids and self.num_scheduled_tokens != len(self.draft_token_ids) + 1:
+            raise ValueError(
+                f"sequence {self.seq_id}: {len(self.draft_token_ids)} drafts must be computed "
+                f"with the one known token before them, not {self.num_scheduled_tokens} tokens"
             )
         if end > len(self.block_ids) * block_size:
             raise ValueError(

@@ -24,7 +24,7 @@ SCHEDULER_OPTIONS = (
     "tensor_parallel_size", "max_num_seqs",
     use("max_num_batched_tokens", help="default: what the workers report (their device's default)"),
     use("max_model_len", help="default: the smallest the workers report"),
-    "max_waiting", "policy",
+    "max_waiting", "policy", "num_speculative_tokens", "speculative_max_num_seqs",
     use("block_size", help="default: what the workers report (their device's default)"),
     "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout",
     "worker_recovery_timeout",
@@ -55,6 +55,8 @@ def main(argv: list[str] | None = None) -> int:
                 max_model_len=args.max_model_len or 1 << 30,  # capped by the workers later
                 max_waiting=args.max_waiting,
                 policy=args.policy,
+                num_speculative_tokens=args.num_speculative_tokens,
+                speculative_max_num_seqs=args.speculative_max_num_seqs,
             ),
             cache_config=CacheConfig(
                 block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching

@@ -39,6 +39,7 @@ class Request:
     num_sent_blocks: int = 0
     status: RequestStatus = RequestStatus.WAITING
     scheduled_step_id: int = -1  # the last plan that scheduled it
+    num_draft_tokens: int = 0  # speculative tokens that plan also computed (in num_computed)
     num_preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # chained digests of full blocks
     first_scheduled_time: float | None = None

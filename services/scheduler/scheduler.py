@@ -27,6 +27,7 @@ from services.scheduler.kv_cache_manager import KVCacheManager
 from services.scheduler.request import Request, RequestStatus
 from services.scheduler.request_queue import make_request_queue
 from services.scheduler.request_validator import check_fits, validate_request
+from services.scheduler.speculation import draft_tokens
 from services.scheduler.stats import SchedulerStats
 from shared.config import CacheConfig, SchedulerConfig
 from shared.iteration_histogram import IterationHistogram
@@ -178,6 +179,9 @@ class Scheduler:
             self._drop_finished_from_running()
             return deltas
         for request in scheduled:
+            # Drafts count as computed only once accepted (`_append`): a rejected draft's KV
+            # is overwritten later, and a block is hashed only over tokens the request has.
+            request.num_computed_tokens -= request.num_draft_tokens
             self.kv.cache_blocks(request)
         deltas = self._apply_samples(plan.step_id, result)
         self._rerun_deferred(plan.step_id, result.deferred_seq_ids)
@@ -190,9 +194,12 @@ class Scheduler:
     def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
         planned: dict[str, CachedSequence] = {}  # in running order
         num_done = 0  # running[:num_done] are dealt with this step
+        speculate = 0 < len(self.running) <= self.config.speculative_max_num_seqs
         while num_done < len(self.running) and token_budget > 0:
             request = self.running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
+            drafts = self._drafts(request, token_budget) if speculate and num_new == 1 else []
+            num_new += len(drafts)
             if num_new > 0:  # else its sample is still in flight
                 for victim, index in self._allocate_or_preempt(request, num_new):
                     num_done -= index < num_done
@@ -202,9 +209,14 @@ class Scheduler:
                 if request.status is not RUNNING:
                     continue  # it preempted itself; running[num_done] is now the next one
                 token_budget -= num_new
-                planned[request.request_id] = self._cached_seq(request, num_new, step_id)
+                planned[request.request_id] = self._cached_seq(request, num_new, step_id, drafts)
             num_done += 1
         return list(planned.values()), token_budget
+
+    def _drafts(self, request: Request, token_budget: int) -> list[int]:
+        """Speculative tokens for a request in decode, within the step's token budget."""
+        room = min(self.config.num_speculative_tokens, token_budget - 1)
+        return draft_tokens(request, room, self.config.max_model_len)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
         """Allocate `request`'s slots, preempting victims until they fit; returns each victim
@@ -281,7 +293,9 @@ class Scheduler:
         self._mark_sent(request, num_new, len(block_ids), step_id)
         return seq
 
-    def _cached_seq(self, request: Request, num_new: int, step_id: int) -> CachedSequence:
+    def _cached_seq(
+        self, request: Request, num_new: int, step_id: int, drafts: list[int]
+    ) -> CachedSequence:
         num_blocks = self.kv.num_blocks_held(request.request_id)
         new_block_ids = (
             self.kv.get_block_ids(request.request_id, start=request.num_sent_blocks)
@@ -294,8 +308,10 @@ class Scheduler:
             new_block_ids=new_block_ids,
             num_computed_tokens=request.num_computed_tokens,
             num_scheduled_tokens=num_new,
+            draft_token_ids=drafts,
         )
         self._mark_sent(request, num_new, num_blocks, step_id)
+        request.num_draft_tokens = len(drafts)
         return seq
 
     @staticmethod
@@ -304,6 +320,7 @@ class Scheduler:
         request.num_sent_blocks = num_blocks
         request.num_computed_tokens += num_new
         request.scheduled_step_id = step_id
+        request.num_draft_tokens = 0
 
     # -- output helpers ----------------------------------------------------------------------
 
@@ -335,38 +352,70 @@ class Scheduler:
             if request.sampling.max_tokens == 0:  # prompt only: done after the prefill
                 deltas.append(self._finish(request, FINISH_LENGTH, prompt_logprobs=prompt_logprobs))
                 continue
-            request.all_token_ids.append(token_id)
+            more = result.more_token_ids[i] if result.more_token_ids else []
             if request.first_token_time is None:
                 request.first_token_time = now
-            delta = self._token_delta(request, token_id, i, result)
+            delta = self._append(request, [token_id, *more[: request.num_draft_tokens]], i, result)
             if prompt_logprobs is not None:
                 delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
             deltas.append(delta)
         return deltas
 
-    def _token_delta(
-        self, request: Request, token_id: int, index: int, result: StepResult
+    def _append(
+        self, request: Request, tokens: list[int], index: int, result: StepResult
     ) -> TokenDelta:
-        reason, is_stop_token = check_stop(request, token_id, self.config.max_model_len)
-        token_ids = [] if is_stop_token else [token_id]
-        logprobs = top_logprobs = None
-        if request.sampling.logprobs is not None and result.logprobs is not None:
-            logprobs = [] if is_stop_token else [result.logprobs[index]]
-            if result.top_logprobs is not None:
-                top_logprobs = [] if is_stop_token else [result.top_logprobs[index]]
-        if reason is not None:
-            return self._finish(
-                request,
-                reason,
-                token_ids=token_ids,
-                logprobs=logprobs,
-                top_logprobs=top_logprobs,
-                stop_token_id=token_id if is_stop_token else None,
-            )
+        """Append the step's tokens (one, or accepted drafts then one) until one finishes the
+        request; returns the delta. Only a request without logprobs gets several."""
+        shown: list[int] = []
+        for j, token_id in enumerate(tokens):
+            if j:  # the token before this one was a draft, and its KV was computed with it
+                request.num_computed_tokens += 1
+            request.all_token_ids.append(token_id)
+            reason, is_stop_token = check_stop(request, token_id, self.config.max_model_len)
+            if not is_stop_token:
+                shown.append(token_id)
+            if reason is not None:
+                return self._finish_with(request, reason, shown, is_stop_token, index, result)
+        return self._token_delta(request, shown, index, result)
+
+    def _finish_with(
+        self,
+        request: Request,
+        reason: str,
+        shown: list[int],
+        is_stop_token: bool,
+        index: int,
+        result: StepResult,
+    ) -> TokenDelta:
+        logprobs, top_logprobs = self._logprobs(request, shown, index, result)
+        return self._finish(
+            request,
+            reason,
+            token_ids=shown,
+            logprobs=logprobs,
+            top_logprobs=top_logprobs,
+            stop_token_id=request.all_token_ids[-1] if is_stop_token else None,
+        )
+
+    @staticmethod
+    def _logprobs(
+        request: Request, shown: list[int], index: int, result: StepResult
+    ) -> tuple[list | None, list | None]:
+        """The step's logprobs for the shown token (a request with logprobs gets one)."""
+        if request.sampling.logprobs is None or result.logprobs is None:
+            return None, None
+        logprobs = [result.logprobs[index]][: len(shown)]
+        top = None if result.top_logprobs is None else [result.top_logprobs[index]][: len(shown)]
+        return logprobs, top
+
+    def _token_delta(
+        self, request: Request, shown: list[int], index: int, result: StepResult
+    ) -> TokenDelta:
+        logprobs, top_logprobs = self._logprobs(request, shown, index, result)
         num_prompt = request.num_prompt_tokens
         return TokenDelta(
             request_id=request.request_id,
-            token_ids=token_ids,
+            token_ids=shown,
             logprobs=logprobs,
             top_logprobs=top_logprobs,
             num_prompt_tokens=num_prompt,

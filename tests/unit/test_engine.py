@@ -3,6 +3,7 @@ prefix-cache hits, preemption and chunked prefill."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from pathlib import Path
@@ -238,3 +239,48 @@ def test_a_rejected_prompt_aborts_the_ones_already_queued_in_that_call(tiny_llam
 def test_the_engine_knows_its_vocabulary(tiny_llama_dir):
     engine = make_engine(tiny_llama_dir)
     assert engine.shape.vocab_size == TINY_VOCAB_SIZE == engine.scheduler.vocab_size
+
+
+def test_speculative_decoding_keeps_greedy_outputs_those_of_hf(tiny_llama_dir):
+    """n-gram drafts checked by a model that rarely repeats itself (most are rejected): the
+    same tokens as HF."""
+    engine = LLMEngine(
+        tiny_llama_dir,
+        SchedulerConfig(
+            max_num_seqs=16,
+            max_num_batched_tokens=512,
+            max_model_len=1024,
+            num_speculative_tokens=3,
+            speculative_max_num_seqs=16,
+        ),
+        CacheConfig(block_size=8, num_blocks=256),
+        dtype="float32",
+    )
+    rng = random.Random(5)
+    motif = [rng.randrange(3, TINY_VOCAB_SIZE) for _ in range(6)]
+    prompts = [motif * 6, motif * 3 + random_prompts((9,))[0], *random_prompts((1, 31), seed=2)]
+    steps: list[StepPlan] = []
+    schedule = engine.scheduler.schedule
+    engine.scheduler.schedule = lambda: steps.append(schedule()) or steps[-1]
+    sampling = SamplingParams(temperature=0.0, max_tokens=40, ignore_eos=True)
+    results = engine.generate(prompts, sampling)
+    hf = load_hf(tiny_llama_dir)
+    for prompt, result in zip(prompts, results, strict=True):
+        assert_matches_hf(result.token_ids, hf_greedy(hf, prompt, 40), f"{len(prompt)} tokens")
+    assert [c for p in steps for c in p.cached_seqs if c.draft_token_ids]
+
+
+def test_speculative_decoding_saves_steps_where_text_repeats():
+    """The default model continues a repeated motif, so drafts are right: the same tokens as
+    without drafts, in fewer steps."""
+    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
+    engine = LLMEngine("smollm2", config, CacheConfig(), dtype="float32")
+    prompts = [[504, 1552, 28, 2018, 30] * 8, [1024, 33, 11208, 30] * 6]
+    sampling = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    plain = engine.generate(prompts, sampling)
+    plain_steps = engine.scheduler.stats().num_steps
+    engine.scheduler.config = dataclasses.replace(config, num_speculative_tokens=3)
+    drafted = engine.generate(prompts, sampling)
+    drafted_steps = engine.scheduler.stats().num_steps - plain_steps
+    assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
+    assert drafted_steps < plain_steps * 0.7, (drafted_steps, plain_steps)

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from services.gpu_worker.speculation import accepted
 from services.scheduler.scheduler import Scheduler
 from shared.config import CacheConfig, SchedulerConfig
 from shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
@@ -23,6 +24,8 @@ def make_scheduler(
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
     enable_chunked_prefill: bool = True,
+    num_speculative_tokens: int = 0,
+    speculative_max_num_seqs: int = 4,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -32,6 +35,8 @@ def make_scheduler(
             max_waiting=max_waiting,
             policy=policy,
             enable_chunked_prefill=enable_chunked_prefill,
+            num_speculative_tokens=num_speculative_tokens,
+            speculative_max_num_seqs=speculative_max_num_seqs,
         ),
         CacheConfig(
             block_size=block_size,
@@ -90,18 +95,47 @@ class FakeWorker:
                 sampled.append(s.seq_id)
         return StepResult(plan.step_id, sampled, [next_token(i) for i in sampled])
 
-    def _compute(self, seq_id: str, num_computed: int, num_scheduled: int) -> bool:
+    def execute_model(self, plan: StepPlan, model: Callable[[list[int]], int]) -> StepResult:
+        """As `execute`, for a deterministic "model" (the next token given all before it),
+        checking draft tokens as the workers do (`services/gpu_worker/speculation.py`)."""
+        for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
+            self.seqs.pop(seq_id, None)
+        for new in plan.new_seqs:
+            self.seqs[new.seq_id] = _SeqState(list(new.token_ids), list(new.block_ids))
+        drafts = {}
+        for cached in plan.cached_seqs:
+            state = self.seqs[cached.seq_id]
+            state.token_ids += cached.new_token_ids
+            state.block_ids += cached.new_block_ids
+            drafts[cached.seq_id] = cached.draft_token_ids
+        sampled, first, more = [], [], []
+        for s in (*plan.new_seqs, *plan.cached_seqs):
+            state = self.seqs[s.seq_id]
+            draft = drafts.get(s.seq_id, [])
+            tokens = state.token_ids + draft
+            if self._compute(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens, tokens):
+                known = len(state.token_ids)
+                after = [model(tokens[: known + i]) for i in range(len(draft) + 1)]
+                sampled.append(s.seq_id)
+                first.append(after[0])
+                more.append(accepted(draft, after[0], after[1:]))
+        return StepResult(plan.step_id, sampled, first, more_token_ids=more)
+
+    def _compute(
+        self, seq_id: str, num_computed: int, num_scheduled: int, tokens: list[int] | None = None
+    ) -> bool:
         state = self.seqs[seq_id]
+        tokens = state.token_ids if tokens is None else tokens
         end = num_computed + num_scheduled
-        assert num_scheduled >= 1 and end <= len(state.token_ids), (seq_id, num_computed, end)
+        assert num_scheduled >= 1 and end <= len(tokens), (seq_id, num_computed, end)
         assert len(state.block_ids) * self.block_size >= end, f"{seq_id}: table too short"
         assert all(0 <= b < self.num_blocks for b in state.block_ids)
         for pos in range(num_computed):  # the context it attends to must be intact
             got = self.slots.get(self._slot(state, pos))
-            assert got == state.token_ids[pos], f"{seq_id}: KV at {pos} is {got}"
+            assert got == tokens[pos], f"{seq_id}: KV at {pos} is {got}"
         for pos in range(num_computed, end):
-            self.slots[self._slot(state, pos)] = state.token_ids[pos]
-        return end == len(state.token_ids)
+            self.slots[self._slot(state, pos)] = tokens[pos]
+        return end == len(tokens)
 
     def _slot(self, state: _SeqState, pos: int) -> int:
         return state.block_ids[pos // self.block_size] * self.block_size + pos % self.block_size

@@ -1,0 +1,42 @@
+"""Which sequences get draft tokens in a step, and how many (n-gram speculative decoding).
+
+A sequence in decode (its last sampled token is all it has to compute) gets up to
+`num_speculative_tokens` drafts from `propose_ngram` when its output is greedy, free text
+and without logprobs: the workers then compute its last token and the drafts in one step,
+sample (greedily) after each of them, and keep the longest run of drafts that matched
+what they sampled, plus the token sampled after that run. The output is exactly what
+one token per step would give. Sampled or constrained sequences, and those asking for
+logprobs, never get drafts.
+
+Steps that run more than `speculative_max_num_seqs` sequences get none: on a CPU every row
+of a step costs a pass of arithmetic over all the weights, so drafts pay only while a step
+is bound by reading the weights, at a few sequences.
+"""
+
+from __future__ import annotations
+
+from services.scheduler.ngram_proposer import propose_ngram
+from services.scheduler.request import Request
+
+
+def can_speculate(request: Request) -> bool:
+    sampling = request.sampling
+    return (
+        sampling.is_greedy
+        and sampling.structured_output is None
+        and sampling.logprobs is None
+        and request.num_output_tokens >= sampling.min_tokens
+    )
+
+
+def draft_tokens(request: Request, num_speculative_tokens: int, max_model_len: int) -> list[int]:
+    """Drafts to follow `request`'s tokens: no more than can become output within its
+    `max_tokens` and the model length."""
+    room = min(
+        num_speculative_tokens,
+        request.sampling.max_tokens - request.num_output_tokens - 1,
+        max_model_len - request.num_tokens,
+    )
+    if room <= 0 or not can_speculate(request):
+        return []
+    return propose_ngram(request.all_token_ids, room)

@@ -1,0 +1,148 @@
+"""n-gram speculative decoding in the scheduler: who gets drafts, and that outputs, KV and
+blocks come out as without them. The fake worker's "model" is deterministic and its KV is
+simulated slot by slot, so a rejected draft counted as computed, or a block hashed over a
+token the request never had, fails a check."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.scheduler.ngram_proposer import propose_ngram
+from shared.protocol import StructuredOutput
+from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler
+
+CYCLE = [11, 12, 13, 14, 15]
+
+
+def cycling_model(tokens: list[int]) -> int:
+    """Repeats a five-token cycle: after 11 comes 12, ..., after 15 comes 11."""
+    last = tokens[-1]
+    return CYCLE[(CYCLE.index(last) + 1) % len(CYCLE)] if last in CYCLE else CYCLE[0]
+
+
+def sometimes_off_model(tokens: list[int]) -> int:
+    """The cycle, but every seventh output position breaks it: drafts get rejected too."""
+    return 99 if len(tokens) % 7 == 0 else cycling_model(tokens)
+
+
+def run(scheduler, worker, model, max_steps=500):
+    outputs: dict[str, list[int]] = {}
+    plans = []
+    for _ in range(max_steps):
+        if not scheduler.has_unfinished_requests():
+            break
+        plan = scheduler.schedule()
+        scheduler.check_integrity()
+        plans.append(plan)
+        for delta in scheduler.update_from_output(plan, worker.execute_model(plan, model)):
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+        scheduler.check_integrity()
+    assert not scheduler.has_unfinished_requests()
+    return outputs, plans
+
+
+def one_at_a_time(prompt, max_tokens, model):
+    tokens = list(prompt)
+    for _ in range(max_tokens):
+        tokens.append(model(tokens))
+    return tokens[len(prompt) :]
+
+
+@pytest.mark.parametrize("model", [cycling_model, sometimes_off_model])
+@pytest.mark.parametrize("num_speculative_tokens", [1, 3, 6])
+def test_outputs_are_those_of_one_token_per_step(model, num_speculative_tokens):
+    scheduler = make_scheduler(
+        num_blocks=64, max_model_len=128, num_speculative_tokens=num_speculative_tokens
+    )
+    worker = FakeWorker(64, 4)
+    prompts = {"a": [11, 12, 13, 14, 15, 11, 12], "b": [1, 2, 3, 1, 2], "c": [5, 6]}
+    for request_id, prompt in prompts.items():
+        scheduler.add_request(make_request(request_id, prompt, max_tokens=30, temperature=0.0))
+    outputs, plans = run(scheduler, worker, model)
+    for request_id, prompt in prompts.items():
+        assert outputs[request_id] == one_at_a_time(prompt, 30, model), request_id
+    drafted = [c for p in plans for c in p.cached_seqs if c.draft_token_ids]
+    assert drafted, "the cycle recurs: drafts were expected"
+    assert len(plans) < 30  # 30 tokens each in fewer steps than one token per step takes
+    assert scheduler.kv.num_free_blocks == 64  # every block given back
+
+
+def test_a_stop_token_inside_accepted_drafts_ends_the_request_there():
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=4)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(
+        make_request("r", CYCLE * 2, max_tokens=40, temperature=0.0, stop_token_ids=(14,))
+    )
+    outputs, _ = run(scheduler, worker, cycling_model)  # 11 12 13 14 come in one step
+    assert outputs["r"] == [11, 12, 13]
+    assert scheduler.finished_requests[-1].finish_reason == "stop"
+    assert scheduler.finished_requests[-1].num_output_tokens == 4  # the stop token counts
+
+
+def test_max_tokens_bounds_the_drafts():
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=6)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=3, temperature=0.0))
+    outputs, plans = run(scheduler, worker, cycling_model)
+    assert outputs["r"] == [11, 12, 13]
+    for plan in plans:
+        for seq in plan.cached_seqs:
+            assert len(seq.draft_token_ids) <= 1  # one output so far: 3 - 1 - 1 drafts at most
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [
+        {"temperature": 1.0, "seed": 3},
+        {"temperature": 0.0, "logprobs": 0},
+        {"temperature": 0.0, "structured_output": StructuredOutput("regex", "[0-9]+")},
+        {"temperature": 0.0, "min_tokens": 10},
+    ],
+    ids=["sampled", "logprobs", "structured", "before-min-tokens"],
+)
+def test_no_drafts_for_what_they_cannot_serve_exactly(sampling):
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=3)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=10, **sampling))
+    _, plans = run(scheduler, worker, cycling_model)
+    assert not any(c.draft_token_ids for p in plans for c in p.cached_seqs)
+
+
+def test_no_drafts_in_steps_with_more_sequences_than_allowed():
+    scheduler = make_scheduler(
+        num_blocks=64, max_model_len=128, num_speculative_tokens=3, speculative_max_num_seqs=2
+    )
+    worker = FakeWorker(64, 4)
+    for i in range(3):
+        scheduler.add_request(
+            make_request(f"r{i}", CYCLE * 2, max_tokens=8 + 8 * i, temperature=0.0)
+        )
+    _, plans = run(scheduler, worker, cycling_model)
+    for plan in plans:
+        running = len(plan.new_seqs) + len(plan.cached_seqs)
+        if any(c.draft_token_ids for c in plan.cached_seqs):
+            assert running <= 2
+    assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)  # once r0 finished
+
+
+def test_off_by_default():
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128)
+    scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=10, temperature=0.0))
+    _, plans = run(scheduler, FakeWorker(64, 4), cycling_model)
+    assert not any(c.draft_token_ids for p in plans for c in p.cached_seqs)
+
+
+@pytest.mark.parametrize(
+    ("tokens", "num", "want"),
+    [
+        ([1, 2, 3, 4], 3, []),  # nothing recurs
+        ([1, 2, 3, 9, 1, 2], 3, [3, 9, 1]),  # "1 2" came before, followed by 3 9 1
+        ([1, 2, 3, 9, 1, 2], 1, [3]),
+        ([7, 1, 2, 5, 8, 1, 2, 6, 1, 2], 2, [6, 1]),  # the most recent match wins
+        ([4, 1, 2, 3, 8, 5, 2, 3, 1, 2, 3], 2, [8, 5]),  # the longest n-gram first: "1 2 3"
+        ([5, 5, 5], 2, [5]),  # a match overlapping the suffix; drafts stop at the end
+        ([1, 2, 3, 1, 2], 0, []),
+    ],
+)
+def test_propose_ngram(tokens, num, want):
+    assert propose_ngram(tokens, num) == want
