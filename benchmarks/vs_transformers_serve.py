@@ -71,7 +71,9 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
     from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 
     config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads,
-                            startup_timeout_s=args.startup_timeout)  # fmt: skip
+                            startup_timeout_s=args.startup_timeout,
+                            num_speculative_tokens=args.num_speculative_tokens,
+                            speculative_max_num_seqs=args.speculative_max_num_seqs)  # fmt: skip
     log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-tf-pagedserve.log"
     print(f"starting pagedserve (logs: {log_path})", flush=True)
     with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:
@@ -157,6 +159,16 @@ def _samples(rate: dict[str, Any]) -> str:
     return f" (the best of {len(samples)} measurements, before and after each server: {listed})"
 
 
+def _speculative(result: dict[str, Any]) -> str:
+    tokens, max_seqs = result.get("speculative") or (0, 0)
+    if not tokens:
+        return " pagedserve without speculative decoding."
+    return (
+        f" pagedserve with n-gram speculative decoding: up to {tokens} draft tokens per "
+        f"sequence in steps of at most {max_seqs} sequences."
+    )
+
+
 def report_section(result: dict[str, Any]) -> list[str]:
     """The markdown section of `benchmarks.report_writer` for this benchmark's JSON."""
     m, w, rate = result["machine"], result["workload"], result["matmul_rate"]
@@ -169,7 +181,8 @@ def report_section(result: dict[str, Any]) -> list[str]:
         f"{result['dtype']}, threads {result['threads'] or 'each server default'}. "
         f"CPU: {m['cpu']}, {m['num_cpus']} cores, flags {isa}; ISA caps: {caps}; torch "
         f"kernels: {m['torch_cpu_capability']}. Matmul rate in the same run: "
-        f"{rate['flops_per_s'] / 1e9:.0f} GFLOP/s on {rate['threads']} threads{_samples(rate)}.",
+        f"{rate['flops_per_s'] / 1e9:.0f} GFLOP/s on {rate['threads']} threads{_samples(rate)}."
+        f"{_speculative(result)}",
         "",
         format_comparison(result["comparison"], result["greedy_check"]),
     ]
@@ -198,6 +211,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", help="auto | float32 | bfloat16 (both servers)")
     add("--threads", type=int, default=None, help="OMP threads of each server (default: theirs)")
     add("--max-num-seqs", type=int, default=256)
+    add(
+        "--num-speculative-tokens",
+        type=int,
+        default=0,
+        help="pagedserve's n-gram speculative decoding (0: off, its default)",
+    )
+    add("--speculative-max-num-seqs", type=int, default=4)
     add("--concurrency", default="16,64", help="levels of requests in flight, comma-separated")
     add("--num-warmups", type=int, default=8)
     add("--num-check", type=int, default=16, help="greedy requests compared across servers")
@@ -254,6 +274,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info(),
         "dtype": args.dtype_resolved,
         "threads": args.threads,
+        # pagedserve's n-gram speculative decoding: drafts per step (0: off), at most seqs
+        "speculative": [args.num_speculative_tokens, args.speculative_max_num_seqs],
         "workload": workload_summary(requests),
         "workload_flops": flops,
     }

@@ -29,6 +29,8 @@ class PipelineConfig:
     max_model_len: int | None = None
     num_blocks: int | None = None
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
+    num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
+    speculative_max_num_seqs: int = 4
     startup_timeout_s: float = 180.0
 
 
@@ -59,6 +61,8 @@ class LocalPipeline:
         scheduler = _python("services.scheduler", {
             "redis_url": self.redis_url, "namespace": self.namespace,
             "engine_id": f"{self.namespace}-engine", "max_num_seqs": c.max_num_seqs, **engine,
+            "num_speculative_tokens": c.num_speculative_tokens,
+            "speculative_max_num_seqs": c.speculative_max_num_seqs,
         })  # fmt: skip
         worker = _python("services.gpu_worker", {
             "model": c.model_dir, "device": "cpu", "dtype": c.dtype, "num_blocks": c.num_blocks,

@@ -95,6 +95,10 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     result["transformers_serve"] = {"steal_share": 0.37}
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "stolen by the hypervisor during the measured levels: 2% (pagedserve) / 37%" in text
+    assert "pagedserve without speculative decoding" in text
+    result["speculative"] = [3, 8]
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "up to 3 draft tokens per sequence in steps of at most 8 sequences" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:
