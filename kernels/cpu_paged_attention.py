@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -147,18 +148,37 @@ def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
     )
 
 
-def paged_attention(
-    query: torch.Tensor,  # [T, Hq, D]
-    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
-    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+@dataclass(frozen=True, slots=True)
+class PreparedStep:
+    """What every layer's call in one step shares, in the form the kernel takes (a step runs
+    30 layers or so: converting these once saves that many times the Python work)."""
+
+    tensors: tuple[torch.Tensor, ...]  # kept alive while the pointers below are used
+    args: tuple[int, ...]  # block_tables, max_blocks, seq_lens, query_start, seqs, num_seqs
+
+
+def prepare(
     block_tables: torch.Tensor,  # [S, max_blocks] int32
     seq_lens: torch.Tensor,  # [S] int32, context after this step's writes
     query_start_loc: torch.Tensor,  # [S + 1] int32
+    seqs: torch.Tensor | None = None,  # [n]: attend only these sequences; None: all
+) -> PreparedStep:
+    tables, lens, starts = _int32(block_tables), _int32(seq_lens), _int32(query_start_loc)
+    seqs = _int32(torch.arange(lens.shape[0]) if seqs is None else seqs)
+    args = (tables.data_ptr(), tables.shape[1], lens.data_ptr(), starts.data_ptr(),
+            seqs.data_ptr(), seqs.shape[0])  # fmt: skip
+    return PreparedStep((tables, lens, starts, seqs), args)
+
+
+def attend(
+    step: PreparedStep,
+    query: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
     scale: float,
-    seqs: torch.Tensor | None = None,  # [n] int32: attend only these sequences
     out: torch.Tensor | None = None,  # [T, Hq, D]: written at the attended rows only
 ) -> torch.Tensor:  # [T, Hq, D]
-    """Causal attention of each sequence's new tokens over its paged context, as
+    """Causal attention of each of the step's sequences' new tokens over its paged context, as
     `kernels.reference.paged_prefill_attention` (a decode is one new token). Needs `supports`."""
     library = load()
     if library is None:
@@ -170,38 +190,35 @@ def paged_attention(
     for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
         if not tensor.is_contiguous() or tensor.dtype != query.dtype:
             raise ValueError(f"{name} must be contiguous and of the query's dtype {query.dtype}")
-    tables = _int32(block_tables)
-    lens = _int32(seq_lens)
-    starts = _int32(query_start_loc)
-    if seqs is None:
-        seqs = torch.arange(lens.shape[0], dtype=torch.int32)
-    seqs = _int32(seqs)
     if out is None:
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype)
     elif out.shape != query.shape or out.dtype != query.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {query.dtype} tensor of shape {query.shape}")
+    tables, max_blocks, lens, starts, seqs, num_seqs = step.args
     status = library.paged_attention(
-        out.data_ptr(),
-        query.data_ptr(),
-        query.stride(0),
-        k_cache.data_ptr(),
-        v_cache.data_ptr(),
-        tables.data_ptr(),
-        tables.shape[1],
-        lens.data_ptr(),
-        starts.data_ptr(),
-        seqs.data_ptr(),
-        seqs.shape[0],
-        num_heads,
-        num_kv_heads,
-        head_dim,
-        block_size,
-        scale,
-        int(query.dtype == torch.bfloat16),
-    )
+        out.data_ptr(), query.data_ptr(), query.stride(0), k_cache.data_ptr(),
+        v_cache.data_ptr(), tables, max_blocks, lens, starts, seqs, num_seqs, num_heads,
+        num_kv_heads, head_dim, block_size, scale, int(query.dtype == torch.bfloat16),
+    )  # fmt: skip
     if status != 0:
         raise MemoryError("the CPU paged attention kernel could not allocate its scratch memory")
     return out
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, Hq, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    block_tables: torch.Tensor,  # [S, max_blocks] int32
+    seq_lens: torch.Tensor,  # [S] int32, context after this step's writes
+    query_start_loc: torch.Tensor,  # [S + 1] int32
+    scale: float,
+    seqs: torch.Tensor | None = None,  # [n] int32: attend only these sequences
+    out: torch.Tensor | None = None,  # [T, Hq, D]: written at the attended rows only
+) -> torch.Tensor:  # [T, Hq, D]
+    """`attend` for one call: `prepare` and `attend` in one."""
+    step = prepare(block_tables, seq_lens, query_start_loc, seqs)
+    return attend(step, query, k_cache, v_cache, scale, out)
 
 
 def _int32(tensor: torch.Tensor) -> torch.Tensor:

@@ -195,17 +195,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         split = _kernel_split(metadata)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if split.short is not None:
-            cpu_paged_attention.paged_attention(
-                query,
-                k_cache,
-                v_cache,
-                metadata.block_tables,
-                metadata.seq_lens,
-                metadata.query_start_loc,
-                self.scale,
-                seqs=split.short,
-                out=out,
-            )
+            cpu_paged_attention.attend(split.short, query, k_cache, v_cache, self.scale, out)
         self._attend_chunks(query, key, value, k_cache, v_cache, metadata, split.long, out)
         return out
 
@@ -248,7 +238,7 @@ KERNEL_MAX_QUERY_LEN = 16
 
 @dataclass(frozen=True, slots=True)
 class KernelSplit:
-    short: torch.Tensor | None  # [n] int32: sequences the kernel attends; None: none
+    short: cpu_paged_attention.PreparedStep | None  # the sequences the kernel attends; None: none
     long: list[int]  # sequences attended by `chunk_attention`
 
 
@@ -260,8 +250,15 @@ def _kernel_split(metadata: AttentionMetadata) -> KernelSplit:
         lens = [starts[i + 1] - starts[i] for i in range(metadata.num_seqs)]
         short = [i for i, n in enumerate(lens) if 0 < n <= KERNEL_MAX_QUERY_LEN]
         long = [i for i, n in enumerate(lens) if n > KERNEL_MAX_QUERY_LEN]
-        short_t = torch.tensor(short, dtype=torch.int32) if short else None
-        split = KernelSplit(short_t, long)
+        prepared = None
+        if short:
+            prepared = cpu_paged_attention.prepare(
+                metadata.block_tables,
+                metadata.seq_lens,
+                metadata.query_start_loc,
+                torch.tensor(short, dtype=torch.int32),
+            )
+        split = KernelSplit(prepared, long)
         metadata.backend_scratch[KERNEL_SPLIT_KEY] = split
     return split
 
