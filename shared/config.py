@@ -83,7 +83,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
     # more than the steps they save (every row is a full pass through the weights on a CPU)
-    speculative_max_num_seqs: int = 4
+    speculative_max_num_seqs: int = 8
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
