@@ -245,6 +245,7 @@ class Scheduler:
         request.num_computed_tokens = 0
         request.num_sent_tokens = 0
         request.num_sent_blocks = 0
+        request.num_draft_tokens = 0
         request.num_preemptions += 1
         self._num_preemptions += 1
         self.waiting.push_front(request)

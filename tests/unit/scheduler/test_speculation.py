@@ -146,3 +146,20 @@ def test_off_by_default():
 )
 def test_propose_ngram(tokens, num, want):
     assert propose_ngram(tokens, num) == want
+
+
+def test_preemption_with_drafts_in_the_plan_loses_nothing():
+    """Few blocks: requests with drafts get preempted and recomputed, outputs unchanged."""
+    scheduler = make_scheduler(
+        num_blocks=14, max_model_len=64, num_speculative_tokens=3, speculative_max_num_seqs=8
+    )
+    worker = FakeWorker(14, 4)
+    prompts = {f"r{i}": CYCLE * 2 + [11 + i] for i in range(3)}
+    for request_id, prompt in prompts.items():
+        scheduler.add_request(make_request(request_id, prompt, max_tokens=20, temperature=0.0))
+    outputs, plans = run(scheduler, worker, sometimes_off_model)
+    for request_id, prompt in prompts.items():
+        assert outputs[request_id] == one_at_a_time(prompt, 20, sometimes_off_model)
+    assert any(p.preempted_seq_ids for p in plans), "the cache is small enough to preempt"
+    assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)
+    assert scheduler.kv.num_free_blocks == 14
