@@ -69,6 +69,15 @@ static inline void widen_row(float *restrict dst, const void *src, int64_t d, in
     }
 }
 
+/* Cached row `offset` (elements) of `cache` as float32: in place for a float32 cache, widened
+ * into `buffer` (d floats) for a bf16 one. */
+static inline const float *cached_row(const void *cache, int64_t offset, int64_t d, int is_bf16,
+                                      float *buffer) {
+    if (!is_bf16) return (const float *)cache + offset;
+    widen_row(buffer, (const uint16_t *)cache + offset, d, 1);
+    return buffer;
+}
+
 static inline void store_row(void *dst, const float *restrict src, float scale, int64_t d,
                              int is_bf16) {
     if (is_bf16) {
@@ -129,18 +138,11 @@ static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
 static void score_keys(float *scores, int64_t stride, const float *queries, int64_t rows,
                        const void *k_cache, const int64_t *offsets, int64_t seq_len, int64_t d,
                        float scale, int is_bf16, float *tile) {
-    const int64_t elem = is_bf16 ? 2 : 4;
     for (int64_t t0 = 0; t0 < seq_len; t0 += TILE) {
         const float *key[TILE];
         for (int64_t k = 0; k < TILE; k++) {
             const int64_t t = t0 + k < seq_len ? t0 + k : t0; /* past the end: any valid row */
-            const char *src = (const char *)k_cache + offsets[t] * elem;
-            if (is_bf16) {
-                widen_row(tile + k * d, src, d, 1);
-                key[k] = tile + k * d;
-            } else {
-                key[k] = (const float *)src;
-            }
+            key[k] = cached_row(k_cache, offsets[t], d, is_bf16, tile + k * d);
         }
         const int64_t valid = seq_len - t0 < TILE ? seq_len - t0 : TILE;
         for (int64_t r = 0; r < rows; r++) {
@@ -202,16 +204,8 @@ WEIGH(8)
 static void weigh_values(float *acc, const float *weights, int64_t stride, int64_t rows,
                          const void *v_cache, const int64_t *offsets, int64_t seq_len, int64_t d,
                          int is_bf16, float *rows_f, const float **value) {
-    const int64_t elem = is_bf16 ? 2 : 4;
-    for (int64_t t = 0; t < seq_len; t++) {
-        const char *src = (const char *)v_cache + offsets[t] * elem;
-        if (is_bf16) {
-            widen_row(rows_f + t * d, src, d, 1);
-            value[t] = rows_f + t * d;
-        } else {
-            value[t] = (const float *)src;
-        }
-    }
+    for (int64_t t = 0; t < seq_len; t++)
+        value[t] = cached_row(v_cache, offsets[t], d, is_bf16, rows_f + t * d);
     for (int64_t r = 0; r < rows; r++) {
         int64_t c = 0;
         for (; c + 32 <= d; c += 32) weigh_32(acc + r * d, weights + r * stride, value, seq_len, c);

@@ -5,6 +5,8 @@ token the request never had, fails a check."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from services.scheduler.ngram_proposer import propose_ngram
@@ -163,3 +165,19 @@ def test_preemption_with_drafts_in_the_plan_loses_nothing():
     assert any(p.preempted_seq_ids for p in plans), "the cache is small enough to preempt"
     assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)
     assert scheduler.kv.num_free_blocks == 14
+
+
+def test_tokens_a_worker_returns_beyond_the_drafts_are_ignored():
+    """A worker answering with more tokens than the plan drafted (a bug, or a stale plan)
+    cannot make a request skip ahead of what its KV holds."""
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=2)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("r", [1, 2, 3], max_tokens=10, temperature=0.0))
+    prefill = scheduler.schedule()  # a new sequence: never drafts
+    result = worker.execute_model(prefill, cycling_model)
+    bad = dataclasses.replace(result, more_token_ids=[[12, 13, 14]])
+    [delta] = scheduler.update_from_output(prefill, bad)
+    assert delta.token_ids == [11]
+    request = scheduler.get_request("r")
+    assert request.num_computed_tokens == 3 and request.num_tokens == 4
+    scheduler.check_integrity()
