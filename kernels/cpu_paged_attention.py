@@ -5,13 +5,7 @@ The torch backend's decode attention gathers every sequence's K/V out of the pag
 into a padded copy and has SDPA read that copy again: at 48 sequences of ~170 tokens on 2
 AVX2 cores, 120 of a 350 ms step. This kernel reads each cached row once, in place.
 
-Building: `cc -O3 -fopenmp -shared` with the vector ISA torch itself runs at
-(`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps, so a machine
-told to behave as AVX2-only gets AVX2 code here too). The library is cached in
-`$PAGEDSERVE_CACHE/kernels` (default `~/.cache/pagedserve/kernels`), named by a hash of the
-source, the flags and the compiler, and written atomically, so concurrent workers share one
-build. Its OpenMP runtime is torch's own (the same `libgomp.so.1`, already loaded), so it
-runs on torch's thread pool and thread count.
+Built with the machine's C compiler on first use and cached (`kernels/cpu_build.py`).
 
 No compiler, or a failed build: `load()` returns None, says why once in the log, and the
 backend keeps its torch path. `PAGEDSERVE_CPU_ATTENTION_KERNEL=0` turns the kernel off.
@@ -21,95 +15,36 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from shared import model_files
+from kernels import cpu_build
+from kernels.cpu_build import KernelBuildError, compile_flags
 
-logger = logging.getLogger(__name__)
+__all__ = ["KernelBuildError", "compile_flags"]
 
 SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
 DTYPES = (torch.float32, torch.bfloat16)  # the cache and query dtypes it reads
 
-_ISA_FLAGS = {
-    "AVX512": ("-mavx512f", "-mavx512bw", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma"),
-    "AVX2": ("-mavx2", "-mfma"),
-}
-
-
-class KernelBuildError(RuntimeError):
-    """The C compiler is missing or failed."""
-
 
 def enabled() -> bool:
-    return os.environ.get("PAGEDSERVE_CPU_ATTENTION_KERNEL", "1") not in ("0", "false", "no")
-
-
-def compile_flags() -> list[str]:
-    isa = _ISA_FLAGS.get(str(torch.backends.cpu.get_cpu_capability()), ())
-    return ["-O3", "-fopenmp", "-fPIC", "-shared", *isa]
-
-
-def find_compiler() -> str:
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not compiler:
-        raise KernelBuildError("no C compiler found (set CC, or install gcc)")
-    return compiler
+    return not cpu_build.switched_off("PAGEDSERVE_CPU_ATTENTION_KERNEL")
 
 
 def build(directory: Path | None = None) -> Path:
-    """The compiled library's path, compiling it if this source, flags and compiler have no
-    build in `directory` yet. Raises `KernelBuildError`."""
-    compiler = find_compiler()
-    flags = compile_flags()
-    try:
-        version = subprocess.run(
-            [compiler, "--version"], capture_output=True, text=True, check=True, timeout=60
-        ).stdout
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise KernelBuildError(f"C compiler {compiler!r} does not run: {exc}") from exc
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(flags).encode() + version.encode())
-    directory = directory or model_files.cache_dir() / "kernels"
-    target = directory / f"cpu_paged_attention-{key.hexdigest()[:16]}.so"
-    if target.exists():
-        return target
-    directory.mkdir(parents=True, exist_ok=True)
-    fd, partial = tempfile.mkstemp(suffix=".so", dir=directory)
-    os.close(fd)
-    try:
-        done = subprocess.run(
-            [compiler, *flags, "-o", partial, str(SOURCE), "-lm"],
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if done.returncode != 0:
-            raise KernelBuildError(f"{compiler} failed: {done.stderr.strip()[-2000:]}")
-        os.replace(partial, target)  # atomic: a concurrent build writes the same bytes
-    finally:
-        Path(partial).unlink(missing_ok=True)
-    return target
+    """The compiled library's path (see `cpu_build.build`). Raises `KernelBuildError`."""
+    return cpu_build.build(SOURCE, directory)
 
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    if not enabled():
-        logger.info("CPU paged attention kernel turned off (PAGEDSERVE_CPU_ATTENTION_KERNEL=0)")
-        return None
-    try:
-        path = build()
-        library = ctypes.CDLL(str(path))
-    except (KernelBuildError, OSError) as exc:
-        logger.warning("CPU paged attention kernel unavailable, using torch ops: %s", exc)
+    library = cpu_build.load_kernel(
+        SOURCE, "PAGEDSERVE_CPU_ATTENTION_KERNEL", "CPU paged attention kernel"
+    )
+    if library is None:
         return None
     function = library.paged_attention
     function.restype = ctypes.c_int
@@ -132,7 +67,6 @@ def load() -> ctypes.CDLL | None:
         ctypes.c_float,  # scale
         ctypes.c_int,  # is_bf16
     ]
-    logger.info("CPU paged attention kernel loaded from %s", path)
     return library
 
 

@@ -28,6 +28,13 @@ multiplies it, so that no decode step re-packs it.
   made on 2 threads served 1 thread as fast as one made on 1 (the thread governor only
   lowers the count from there).
 
+- bf16, few rows (AVX512-BF16 CPUs). With up to `cpu_small_gemm.MAX_ROWS` rows (a decode
+  step's tail) a linear streams its weight from memory, and oneDNN's packed product took
+  twice that: ~38 ms a step for SmolLM2-135M's linears at 1 to 12 rows on 2 cores.
+  `kernels/cpu_small_gemm.c` streams them at memory speed (1 row 2.2x, 8 rows 1.5x faster,
+  LM head included), so bf16 weights are packed for it too, and calls with that many rows go
+  there. Its outputs are oneDNN's but for rare last-bit roundings (the sum's order differs).
+
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
 `linear`. It costs one more copy of the linear weights in memory.
@@ -35,9 +42,13 @@ reads parameters still see it); the packed copy is the layer's `packed_weight`, 
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from kernels import cpu_small_gemm
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
 
@@ -56,30 +67,43 @@ def can_prepack(weight: torch.Tensor) -> bool:
     return False
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor:
-    """The library's packed copy of a [out, in] weight: MKL's for fp32, oneDNN's blocked one
-    for bf16 (whose batch-size hint does not matter: the same packing served 1 to 300 rows
-    equally well)."""
+@dataclass(frozen=True, slots=True)
+class Bf16Packing:
+    """A bf16 weight packed for oneDNN and, where the CPU has AVX512-BF16, for the few-row
+    kernel (`kernels/cpu_small_gemm.c`)."""
+
+    onednn: torch.Tensor
+    few_rows: torch.Tensor | None
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor | Bf16Packing:
+    """The library's packed copy of a [out, in] weight: MKL's for fp32; for bf16, oneDNN's
+    blocked one (whose batch-size hint does not matter: the same packing served 1 to 300 rows
+    equally well) and the few-row kernel's."""
     if weight.dtype == torch.float32:
         return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    few_rows = cpu_small_gemm.pack(weight) if cpu_small_gemm.load() is not None else None
+    return Bf16Packing(onednn, few_rows)
 
 
 def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    packed_weight: torch.Tensor | None = None,
+    packed_weight: torch.Tensor | Bf16Packing | None = None,
 ) -> torch.Tensor:
     """x W^T (+ b), through the packed weight when the layer has one."""
     if packed_weight is None:
         return F.linear(x, weight, bias)
-    if weight.dtype == torch.float32:
-        num_rows = x.numel() // x.shape[-1]
-        if num_rows <= 1:  # a gemv packs nothing: F.linear is as fast
-            return F.linear(x, weight, bias)
-        return torch.ops.mkl._mkl_linear(x, packed_weight, weight, bias, num_rows)
-    return torch.ops.mkldnn._linear_pointwise(x, packed_weight, bias, "none", [], "")
+    num_rows = x.numel() // x.shape[-1]
+    if isinstance(packed_weight, Bf16Packing):
+        if packed_weight.few_rows is not None and num_rows <= cpu_small_gemm.MAX_ROWS:
+            return cpu_small_gemm.linear(x, packed_weight.few_rows, weight.shape[0], bias)
+        return torch.ops.mkldnn._linear_pointwise(x, packed_weight.onednn, bias, "none", [], "")
+    if num_rows <= 1:  # fp32: a gemv packs nothing, F.linear is as fast
+        return F.linear(x, weight, bias)
+    return torch.ops.mkl._mkl_linear(x, packed_weight, weight, bias, num_rows)
 
 
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:

@@ -1,0 +1,104 @@
+/* RMSNorm with the residual add before it, in one pass, on the CPU.
+ *
+ * A decoder layer runs two of these; a decode step at small batch ran each as five to seven
+ * torch ops (add, pow, mean, add, rsqrt, two muls) of a few microseconds' work and tens of
+ * microseconds' dispatch: 137 us a call, 8 ms of a 12-sequence step on 2 AVX2 cores.
+ *
+ * The arithmetic is Hugging Face Llama's, op for op, in float32:
+ *   sum = x + residual                 (rounded to the dtype: bf16 adds round to bf16)
+ *   r   = 1 / sqrt(mean(sum^2) + eps)
+ *   out = weight * dtype(sum * r)      (bf16: the product rounded, then times the weight and
+ *                                       rounded again, as `weight * hidden.to(bf16)`)
+ * The mean's sum is taken 8 lanes at a time, as torch's vectorized reduction does, in
+ * another order: results agree with torch to float rounding.
+ *
+ * Layouts: x, residual, sum_out, out [rows, hidden], row-major, contiguous; weight [hidden]
+ * in the same dtype. residual may be NULL (no add; sum_out is then not written). dtype: 0
+ * float32, 1 bfloat16.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define LANES 8
+#define PARALLEL_MIN_ELEMENTS (1 << 18)
+
+static inline float bf16_to_float(uint16_t h) {
+    const uint32_t bits = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch does */
+    uint32_t bits;
+    memcpy(&bits, &f, sizeof bits);
+    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
+    bits += 0x7fffu + ((bits >> 16) & 1u);
+    return (uint16_t)(bits >> 16);
+}
+
+static inline float load(const void *p, int64_t i, int is_bf16) {
+    return is_bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+}
+
+/* The value rounded to the dtype, as float. */
+static inline float rounded(float v, int is_bf16) {
+    return is_bf16 ? bf16_to_float(float_to_bf16(v)) : v;
+}
+
+static inline void store(void *p, int64_t i, float v, int is_bf16) {
+    if (is_bf16)
+        ((uint16_t *)p)[i] = float_to_bf16(v);
+    else
+        ((float *)p)[i] = v;
+}
+
+typedef float v8f __attribute__((vector_size(LANES * sizeof(float))));
+
+/* One row; is_bf16 is a constant wherever this is inlined, so each loop vectorizes. */
+static inline __attribute__((always_inline)) void norm_row(
+    const void *restrict x, const void *restrict residual, void *restrict sum_out,
+    void *restrict out, const void *restrict weight, int64_t hidden, float eps,
+    const int is_bf16, float *restrict sum) {
+    for (int64_t i = 0; i < hidden; i++) {
+        const float v = load(x, i, is_bf16);
+        sum[i] = residual ? rounded(v + load(residual, i, is_bf16), is_bf16) : v;
+    }
+    v8f lanes = {0};
+    int64_t i = 0;
+    for (; i + LANES <= hidden; i += LANES) {
+        v8f v;
+        memcpy(&v, sum + i, sizeof v);
+        lanes += v * v;
+    }
+    float total = 0.0f;
+    for (int l = 0; l < LANES; l++) total += lanes[l];
+    for (; i < hidden; i++) total += sum[i] * sum[i];
+    const float r = 1.0f / sqrtf(total / (float)hidden + eps);
+    if (residual)
+        for (int64_t j = 0; j < hidden; j++) store(sum_out, j, sum[j], is_bf16);
+    for (int64_t j = 0; j < hidden; j++)
+        store(out, j, load(weight, j, is_bf16) * rounded(sum[j] * r, is_bf16), is_bf16);
+}
+
+/* Returns 0, or -1 if hidden is too large for the row buffer. */
+int add_rms_norm(const void *x, const void *residual, void *sum_out, void *out,
+                 const void *weight, int64_t rows, int64_t hidden, float eps, int is_bf16) {
+    enum { MAX_HIDDEN = 1 << 14 };
+    if (hidden > MAX_HIDDEN) return -1;
+    const int64_t element = is_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) if (rows * hidden >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t row = 0; row < rows; row++) {
+        float sum[MAX_HIDDEN];
+        const int64_t offset = row * hidden * element;
+        const void *x_row = (const char *)x + offset;
+        const void *residual_row = residual ? (const char *)residual + offset : 0;
+        void *sum_row = (char *)sum_out + offset, *out_row = (char *)out + offset;
+        if (is_bf16)
+            norm_row(x_row, residual_row, sum_row, out_row, weight, hidden, eps, 1, sum);
+        else
+            norm_row(x_row, residual_row, sum_row, out_row, weight, hidden, eps, 0, sum);
+    }
+    return 0;
+}

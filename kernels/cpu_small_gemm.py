@@ -1,0 +1,107 @@
+"""bf16 linears for a few rows on CPUs with AVX512-BF16 (`cpu_small_gemm.c`), built with the
+machine's C compiler on first use (`kernels/cpu_build.py`) and loaded through ctypes.
+
+`pack` lays a [N, K] weight out in the kernel's panels once; `linear` multiplies rows by it.
+Up to `MAX_ROWS` rows it streams the weights at memory speed where oneDNN's packed product
+does not (SmolLM2-135M's linears and LM head, 2 cores: 1 row 47.5 -> 21.8 ms, 8 rows 47.4 ->
+31.4, 12 rows 46.2 -> 40.1; from 16 rows oneDNN's AMX product is faster).
+
+Elsewhere (no AVX512-BF16, torch capped below AVX-512, no compiler, a failed build)
+`load()` returns None, says why once in the log, and callers keep oneDNN.
+`PAGEDSERVE_CPU_GEMM_KERNEL=0` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from kernels import cpu_build
+from kernels.cpu_build import KernelBuildError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_small_gemm.c")
+MAX_ROWS = 12  # the most rows it is used for (see the module's note)
+_FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+
+
+def cpu_has_avx512_bf16() -> bool:
+    """The CPU has AVX512-BF16 and torch runs at AVX-512 (ATEN_CPU_CAPABILITY not capped)."""
+    if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
+        return False
+    try:
+        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The kernel library, or None (no AVX512-BF16, turned off, or it cannot be built)."""
+    if not cpu_has_avx512_bf16():
+        logger.info("CPU bf16 GEMM kernel not used: no AVX512-BF16 at torch's capability")
+        return None
+    library = cpu_build.load_kernel(
+        SOURCE, "PAGEDSERVE_CPU_GEMM_KERNEL", "CPU bf16 GEMM kernel", _FLAGS
+    )
+    if library is not None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        library.small_gemm_packed_numel.restype = i64
+        library.small_gemm_packed_numel.argtypes = [i64, i64]
+        library.small_gemm_pack.restype = None
+        library.small_gemm_pack.argtypes = [ptr, i64, i64, ptr]
+        library.small_gemm.restype = None
+        library.small_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+    return library
+
+
+def _library() -> ctypes.CDLL:
+    library = load()
+    if library is None:
+        raise KernelBuildError("the CPU bf16 GEMM kernel is not available")
+    return library
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A bf16 [N, K] weight in the kernel's panel layout (a flat bf16 tensor)."""
+    if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"expected a 2-D bf16 CPU weight, got {weight.dtype} {weight.shape}")
+    library = _library()
+    weight = weight.detach().contiguous()
+    num_out, num_in = weight.shape
+    packed = torch.empty(library.small_gemm_packed_numel(num_out, num_in), dtype=torch.bfloat16)
+    library.small_gemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
+    return packed
+
+
+def linear(
+    x: torch.Tensor,  # [..., K] bf16
+    packed: torch.Tensor,  # `pack(weight)`
+    num_out: int,  # N, the weight's row count
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N] bf16
+    """x W^T (+ b) through a packed weight."""
+    library = _library()
+    num_in = x.shape[-1]
+    if x.dtype != torch.bfloat16 or packed.numel() != library.small_gemm_packed_numel(
+        num_out, num_in
+    ):
+        raise ValueError(
+            f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] bf16 weight"
+        )
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_out, dtype=torch.bfloat16)
+    if bias is not None:
+        bias = bias.detach().to(torch.bfloat16).contiguous()
+    library.small_gemm(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
+        None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_out)

@@ -1,0 +1,105 @@
+"""The few-row bf16 GEMM (kernels/cpu_small_gemm.c) against float64 products and oneDNN, and
+the fallback where the CPU has no AVX512-BF16."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_small_gemm
+from services.gpu_worker.layers import cpu_prepack
+
+
+@pytest.fixture(autouse=True)
+def fresh_load():
+    cpu_small_gemm.load.cache_clear()
+    yield
+    cpu_small_gemm.load.cache_clear()
+
+
+requires_avx512_bf16 = pytest.mark.skipif(
+    not cpu_small_gemm.cpu_has_avx512_bf16(),
+    reason="the kernel is built only for CPUs with AVX512-BF16 (the fallback is tested below)",
+)
+
+
+def exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    out = x.double() @ weight.double().T
+    return out if bias is None else out + bias.double()
+
+
+@requires_avx512_bf16
+@pytest.mark.parametrize("rows", list(range(1, 14)))  # every tile height, and past one tile
+@pytest.mark.parametrize(("num_out", "num_in"), [(96, 64), (37, 77), (576, 1536)])
+def test_matches_an_exact_product_to_bf16_rounding(rows, num_out, num_in):
+    torch.manual_seed(rows * num_in)
+    weight = (torch.randn(num_out, num_in) / num_in**0.5).bfloat16()
+    bias = torch.randn(num_out).bfloat16()
+    x = torch.randn(rows, num_in).bfloat16()
+    out = cpu_small_gemm.linear(x, cpu_small_gemm.pack(weight), num_out, bias)
+    assert out.dtype == torch.bfloat16 and out.shape == (rows, num_out)
+    expected = exact(x, weight, bias)
+    # one rounding to bf16 (2^-8 relative) on top of float32 sums
+    assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all()
+    onednn = torch.ops.mkldnn._linear_pointwise(
+        x, torch.ops.mkldnn._reorder_linear_weight(weight, 1), bias, "none", [], ""
+    )
+    assert (out != onednn).float().mean() < 0.01  # the same but for rare last-bit roundings
+
+
+@requires_avx512_bf16
+def test_strided_and_batched_inputs():
+    weight = torch.randn(40, 24).bfloat16()
+    x = torch.randn(2, 3, 48).bfloat16()[..., ::2]  # [2, 3, 24], every other column
+    out = cpu_small_gemm.linear(x, cpu_small_gemm.pack(weight), 40)
+    assert out.shape == (2, 3, 40)
+    expected = exact(x.reshape(6, 24), weight, None).reshape(2, 3, 40)
+    assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all()
+
+
+@requires_avx512_bf16
+def test_bad_inputs_are_refused():
+    packed = cpu_small_gemm.pack(torch.randn(8, 16).bfloat16())
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_small_gemm.linear(torch.randn(2, 16), packed, 8)  # float32 rows
+    with pytest.raises(ValueError, match="does not fit"):
+        cpu_small_gemm.linear(torch.randn(2, 18).bfloat16(), packed, 8)  # wrong K
+    with pytest.raises(ValueError, match="expected a 2-D bf16"):
+        cpu_small_gemm.pack(torch.randn(8, 16))
+
+
+@requires_avx512_bf16
+def test_layers_use_it_up_to_max_rows_and_onednn_beyond(monkeypatch):
+    weight = torch.randn(64, 32).bfloat16()
+    packing = cpu_prepack.pack_weight(weight)
+    assert isinstance(packing, cpu_prepack.Bf16Packing) and packing.few_rows is not None
+    calls = []
+    real = cpu_small_gemm.linear
+    monkeypatch.setattr(cpu_small_gemm, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))
+    for rows in (1, cpu_small_gemm.MAX_ROWS, cpu_small_gemm.MAX_ROWS + 1, 64):
+        x = torch.randn(rows, 32).bfloat16()
+        out = cpu_prepack.linear(x, weight, None, packing)
+        expected = exact(x, weight, None)
+        assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all()
+    assert len(calls) == 2
+
+
+def test_without_avx512_bf16_bf16_layers_keep_onednn(monkeypatch):
+    """ATEN_CPU_CAPABILITY=avx2 (or an AVX2-only CPU): no kernel, oneDNN's packing alone."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not cpu_small_gemm.cpu_has_avx512_bf16()
+    assert cpu_small_gemm.load() is None
+    weight = torch.randn(16, 8).bfloat16()
+    if cpu_prepack.can_prepack(weight):
+        packing = cpu_prepack.pack_weight(weight)
+        assert packing.few_rows is None
+        x = torch.randn(2, 8).bfloat16()
+        assert torch.equal(
+            cpu_prepack.linear(x, weight, None, packing), torch.nn.functional.linear(x, weight)
+        )
+
+
+@requires_avx512_bf16
+def test_turned_off_by_the_environment(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_CPU_GEMM_KERNEL", "0")
+    assert cpu_small_gemm.load() is None
