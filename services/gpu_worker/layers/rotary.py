@@ -12,6 +12,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kernels import cpu_rotary
+
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
 
@@ -91,3 +93,13 @@ def rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
     x1, x2 = x.float().chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
     return out.to(x.dtype)
+
+
+def rotate_in_place(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+    """`rotate` for a tensor nobody else reads (a layer's fresh q/k projection), which it may
+    write over: on the CPU one C call (`kernels/cpu_rotary.c`, the same arithmetic) in place
+    of ten small torch ops; elsewhere `rotate`."""
+    cos, sin = angles
+    if cpu_rotary.supports(x, cos, sin):
+        return cpu_rotary.rotate_in_place(x, cos, sin)
+    return rotate(x, angles)

@@ -22,7 +22,7 @@ from services.gpu_worker.layers.linear import (
     RowParallelLinear,
 )
 from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.layers.rotary import RopeAngles, RotaryEmbedding, rotate
+from services.gpu_worker.layers.rotary import RopeAngles, RotaryEmbedding, rotate_in_place
 
 
 def _cfg(config: Any, name: str, default: Any) -> Any:
@@ -58,8 +58,10 @@ class LlamaAttention(nn.Module):
         q_size = self.num_heads * self.head_dim
         kv_size = self.num_kv_heads * self.head_dim
         qk, v = self.qkv_proj(hidden).split([q_size + kv_size, kv_size], dim=-1)
-        # Queries and keys rotated in one call (heads are independent): half the small ops.
-        qk = rotate(qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), angles)
+        # Queries and keys rotated in one call (heads are independent), in the fresh projection.
+        qk = rotate_in_place(
+            qk.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim), angles
+        )
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], metadata)  # [T, Hq, D]
