@@ -26,18 +26,29 @@ from kernels.cpu_build import KernelBuildError
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("cpu_small_gemm.c")
-MAX_ROWS = 12  # the most rows it is used for (see the module's note)
+MAX_ROWS = 12  # the most rows the vdpbf16ps tiles take (see the module's note)
+AMX_MAX_ROWS = 128  # the most rows the AMX tiles take, where the CPU has AMX-BF16
+AMX_K_MULTIPLE = 32  # the AMX tiles take K in whole tiles of 32
 _FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+_AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
+
+
+def _cpu_flags() -> str:
+    try:
+        return Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return ""
 
 
 def cpu_has_avx512_bf16() -> bool:
     """The CPU has AVX512-BF16 and torch runs at AVX-512 (ATEN_CPU_CAPABILITY not capped)."""
     if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
         return False
-    try:
-        return "avx512_bf16" in Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
+    return "avx512_bf16" in _cpu_flags()
+
+
+def cpu_has_amx_bf16() -> bool:
+    return cpu_has_avx512_bf16() and "amx_bf16" in _cpu_flags()
 
 
 @functools.cache
@@ -46,8 +57,9 @@ def load() -> ctypes.CDLL | None:
     if not cpu_has_avx512_bf16():
         logger.info("CPU bf16 GEMM kernel not used: no AVX512-BF16 at torch's capability")
         return None
+    flags = _FLAGS + (_AMX_FLAGS if cpu_has_amx_bf16() else ())
     library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_GEMM_KERNEL", "CPU bf16 GEMM kernel", _FLAGS
+        SOURCE, "PAGEDSERVE_CPU_GEMM_KERNEL", "CPU bf16 GEMM kernel", flags
     )
     if library is not None:
         i64, ptr = ctypes.c_int64, ctypes.c_void_p
@@ -55,9 +67,34 @@ def load() -> ctypes.CDLL | None:
         library.small_gemm_packed_numel.argtypes = [i64, i64]
         library.small_gemm_pack.restype = None
         library.small_gemm_pack.argtypes = [ptr, i64, i64, ptr]
-        library.small_gemm.restype = None
-        library.small_gemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+        for name in ("small_gemm", "small_gemm_amx"):
+            getattr(library, name).restype = None
+            getattr(library, name).argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+        library.small_gemm_amx_init.restype = ctypes.c_int
     return library
+
+
+@functools.cache
+def amx_available() -> bool:
+    """The library was built with AMX and Linux lets this process use the tiles."""
+    library = load()
+    if library is None or not cpu_has_amx_bf16() or switched_off_amx():
+        return False
+    if library.small_gemm_amx_init() != 0:
+        logger.warning("CPU bf16 GEMM kernel: Linux refused the AMX tile state; not using AMX")
+        return False
+    return True
+
+
+def switched_off_amx() -> bool:
+    return cpu_build.switched_off("PAGEDSERVE_CPU_GEMM_AMX")
+
+
+def max_rows(num_in: int) -> int:
+    """The most rows `linear` takes for a weight of `num_in` columns."""
+    if num_in % AMX_K_MULTIPLE == 0 and amx_available():
+        return AMX_MAX_ROWS
+    return MAX_ROWS
 
 
 def _library() -> ctypes.CDLL:
@@ -100,7 +137,9 @@ def linear(
     out = torch.empty(rows.shape[0], num_out, dtype=torch.bfloat16)
     if bias is not None:
         bias = bias.detach().to(torch.bfloat16).contiguous()
-    library.small_gemm(
+    use_amx = num_in % AMX_K_MULTIPLE == 0 and amx_available()
+    product = library.small_gemm_amx if use_amx else library.small_gemm
+    product(
         rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
         None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
     )  # fmt: skip

@@ -1,5 +1,5 @@
-"""The few-row bf16 GEMM (kernels/cpu_small_gemm.c) against float64 products and oneDNN, and
-the fallback where the CPU has no AVX512-BF16."""
+"""The few-row bf16 GEMM (kernels/cpu_small_gemm.c), its vdpbf16ps and AMX tiles, against
+float64 products and oneDNN, and the fallback where the CPU has no AVX512-BF16."""
 
 from __future__ import annotations
 
@@ -28,10 +28,27 @@ def exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
     return out if bias is None else out + bias.double()
 
 
+requires_amx = pytest.mark.skipif(
+    not cpu_small_gemm.cpu_has_amx_bf16(), reason="the AMX tiles need a CPU with AMX-BF16"
+)
+
+
+@pytest.fixture(params=["vdpbf16ps", pytest.param("amx", marks=requires_amx)])
+def tiles(request, monkeypatch):
+    """Each of the kernel's two products: AMX off, or on (where the CPU has it)."""
+    if request.param == "vdpbf16ps":
+        monkeypatch.setenv("PAGEDSERVE_CPU_GEMM_AMX", "0")
+    cpu_small_gemm.amx_available.cache_clear()
+    assert cpu_small_gemm.amx_available() == (request.param == "amx")
+    yield request.param
+    cpu_small_gemm.amx_available.cache_clear()
+
+
 @requires_avx512_bf16
-@pytest.mark.parametrize("rows", list(range(1, 14)))  # every tile height, and past one tile
-@pytest.mark.parametrize(("num_out", "num_in"), [(96, 64), (37, 77), (576, 1536)])
-def test_matches_an_exact_product_to_bf16_rounding(rows, num_out, num_in):
+@pytest.mark.parametrize("rows", [*range(1, 14), 16, 17, 31, 32, 33, 64, 100])
+@pytest.mark.parametrize(("num_out", "num_in"), [(96, 64), (37, 77), (576, 1536), (50, 96)])
+def test_matches_an_exact_product_to_bf16_rounding(tiles, rows, num_out, num_in):
+    """Every tile height, partial panels, odd K (vdpbf16ps only: AMX takes K in 32s)."""
     torch.manual_seed(rows * num_in)
     weight = (torch.randn(num_out, num_in) / num_in**0.5).bfloat16()
     bias = torch.randn(num_out).bfloat16()
@@ -48,7 +65,7 @@ def test_matches_an_exact_product_to_bf16_rounding(rows, num_out, num_in):
 
 
 @requires_avx512_bf16
-def test_strided_and_batched_inputs():
+def test_strided_and_batched_inputs(tiles):
     weight = torch.randn(40, 24).bfloat16()
     x = torch.randn(2, 3, 48).bfloat16()[..., ::2]  # [2, 3, 24], every other column
     out = cpu_small_gemm.linear(x, cpu_small_gemm.pack(weight), 40)
@@ -69,15 +86,18 @@ def test_bad_inputs_are_refused():
 
 
 @requires_avx512_bf16
-def test_layers_use_it_up_to_max_rows_and_onednn_beyond(monkeypatch):
-    weight = torch.randn(64, 32).bfloat16()
+@pytest.mark.parametrize("num_in", [32, 40])  # AMX's K (where it has AMX), and not
+def test_layers_use_it_up_to_max_rows_and_onednn_beyond(tiles, num_in, monkeypatch):
+    weight = torch.randn(64, num_in).bfloat16()
     packing = cpu_prepack.pack_weight(weight)
     assert isinstance(packing, cpu_prepack.Bf16Packing) and packing.few_rows is not None
+    most = cpu_small_gemm.max_rows(num_in)
+    assert most == (cpu_small_gemm.AMX_MAX_ROWS if tiles == "amx" and num_in == 32 else 12)
     calls = []
     real = cpu_small_gemm.linear
     monkeypatch.setattr(cpu_small_gemm, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))
-    for rows in (1, cpu_small_gemm.MAX_ROWS, cpu_small_gemm.MAX_ROWS + 1, 64):
-        x = torch.randn(rows, 32).bfloat16()
+    for rows in (1, most, most + 1, 300):
+        x = torch.randn(rows, num_in).bfloat16()
         out = cpu_prepack.linear(x, weight, None, packing)
         expected = exact(x, weight, None)
         assert ((out.double() - expected).abs() <= expected.abs() * 2**-8 + 1e-3).all()

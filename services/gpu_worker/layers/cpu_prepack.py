@@ -98,7 +98,7 @@ def linear(
         return F.linear(x, weight, bias)
     num_rows = x.numel() // x.shape[-1]
     if isinstance(packed_weight, Bf16Packing):
-        if packed_weight.few_rows is not None and num_rows <= cpu_small_gemm.MAX_ROWS:
+        if packed_weight.few_rows is not None and num_rows <= cpu_small_gemm.max_rows(x.shape[-1]):
             return cpu_small_gemm.linear(x, packed_weight.few_rows, weight.shape[0], bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight.onednn, bias, "none", [], "")
     if num_rows <= 1:  # fp32: a gemv packs nothing, F.linear is as fast
