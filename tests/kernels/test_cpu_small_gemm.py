@@ -92,7 +92,9 @@ def test_layers_use_it_up_to_max_rows_and_onednn_beyond(tiles, num_in, monkeypat
     packing = cpu_prepack.pack_weight(weight)
     assert isinstance(packing, cpu_prepack.Bf16Packing) and packing.few_rows is not None
     most = cpu_small_gemm.max_rows(num_in)
-    assert most == (cpu_small_gemm.AMX_MAX_ROWS if tiles == "amx" and num_in == 32 else 12)
+    amx = tiles == "amx" and num_in == 32
+    assert most == (cpu_small_gemm.AMX_MAX_ROWS if amx else 12)
+    assert (packing.onednn is None) == amx  # past the AMX tiles' rows F.linear is as fast
     calls = []
     real = cpu_small_gemm.linear
     monkeypatch.setattr(cpu_small_gemm, "linear", lambda *a, **k: calls.append(1) or real(*a, **k))

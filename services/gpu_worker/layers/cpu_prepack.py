@@ -28,12 +28,14 @@ multiplies it, so that no decode step re-packs it.
   made on 2 threads served 1 thread as fast as one made on 1 (the thread governor only
   lowers the count from there).
 
-- bf16, few rows (AVX512-BF16 CPUs). With up to `cpu_small_gemm.MAX_ROWS` rows (a decode
-  step's tail) a linear streams its weight from memory, and oneDNN's packed product took
-  twice that: ~38 ms a step for SmolLM2-135M's linears at 1 to 12 rows on 2 cores.
-  `kernels/cpu_small_gemm.c` streams them at memory speed (1 row 2.2x, 8 rows 1.5x faster,
-  LM head included), so bf16 weights are packed for it too, and calls with that many rows go
-  there. Its outputs are oneDNN's but for rare last-bit roundings (the sum's order differs).
+- bf16, few rows (AVX512-BF16 CPUs). A decode step's linears stream their weights from
+  memory, and oneDNN's packed product took twice that: ~38-47 ms a step for SmolLM2-135M's
+  linears and LM head at 1 to 16 rows on 2 cores. `kernels/cpu_small_gemm.c` streams them at
+  memory speed (AMX: 1 row 2.1x, 16 rows 2.2x, 128 rows 1.3x faster), so bf16 weights are
+  packed for it, and calls of up to `cpu_small_gemm.max_rows` rows go there. Where it has
+  AMX (up to 128 rows) the oneDNN copy is not kept: past 128 rows `F.linear` is as fast as
+  the packed product (64-512 rows, within 3%), and a third copy of the weights is saved.
+  Its outputs are oneDNN's but for rare last-bit roundings (the sums run in another order).
 
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
@@ -69,10 +71,11 @@ def can_prepack(weight: torch.Tensor) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class Bf16Packing:
-    """A bf16 weight packed for oneDNN and, where the CPU has AVX512-BF16, for the few-row
-    kernel (`kernels/cpu_small_gemm.c`)."""
+    """A bf16 weight packed for the few-row kernel (`kernels/cpu_small_gemm.c`) where the CPU
+    has AVX512-BF16, and for oneDNN unless the kernel's AMX tiles take it (then `F.linear`
+    serves the rows past them)."""
 
-    onednn: torch.Tensor
+    onednn: torch.Tensor | None
     few_rows: torch.Tensor | None
 
 
@@ -82,9 +85,13 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor | Bf16Packing:
     equally well) and the few-row kernel's."""
     if weight.dtype == torch.float32:
         return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
-    onednn = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
     few_rows = cpu_small_gemm.pack(weight) if cpu_small_gemm.load() is not None else None
-    return Bf16Packing(onednn, few_rows)
+    if (
+        few_rows is not None
+        and cpu_small_gemm.max_rows(weight.shape[1]) == cpu_small_gemm.AMX_MAX_ROWS
+    ):
+        return Bf16Packing(None, few_rows)
+    return Bf16Packing(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1), few_rows)
 
 
 def linear(
@@ -100,6 +107,8 @@ def linear(
     if isinstance(packed_weight, Bf16Packing):
         if packed_weight.few_rows is not None and num_rows <= cpu_small_gemm.max_rows(x.shape[-1]):
             return cpu_small_gemm.linear(x, packed_weight.few_rows, weight.shape[0], bias)
+        if packed_weight.onednn is None:
+            return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight.onednn, bias, "none", [], "")
     if num_rows <= 1:  # fp32: a gemv packs nothing, F.linear is as fast
         return F.linear(x, weight, bias)
