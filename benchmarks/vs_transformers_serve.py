@@ -217,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="pagedserve's n-gram speculative decoding (0: off, its default)",
     )
-    add("--speculative-max-num-seqs", type=int, default=32)
+    add("--speculative-max-num-seqs", type=int, default=8)
     add("--concurrency", default="16,64", help="levels of requests in flight, comma-separated")
     add("--num-warmups", type=int, default=8)
     add("--num-check", type=int, default=16, help="greedy requests compared across servers")

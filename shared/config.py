@@ -82,9 +82,8 @@ class SchedulerConfig:
     # tokens a greedy sequence may have checked in one step; 0: off
     num_speculative_tokens: int = 0
     # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
-    # more than the steps they save (on a CPU every row is a pass of arithmetic over the
-    # weights). 32 was fastest of 8/16/32/64 on the 48-request benchmark, fp32 and bf16
-    speculative_max_num_seqs: int = 32
+    # more than the steps they save (every row is a full pass through the weights on a CPU)
+    speculative_max_num_seqs: int = 8
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):

@@ -116,7 +116,7 @@ OPTIONS: dict[str, Option] = {
         Option("--num-speculative-tokens", 0, int,
                help="n-gram speculative decoding: draft tokens a greedy sequence may have "
                     "checked per step (prompt lookup; output unchanged); 0: off"),
-        Option("--speculative-max-num-seqs", 32, int,
+        Option("--speculative-max-num-seqs", 8, int,
                help="draft only in steps that run at most this many sequences"),
         Option("--scheduling-policy", "fcfs", choices=("fcfs", "priority")),
         Option("--no-prefix-caching", False, switch=True),

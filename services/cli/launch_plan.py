@@ -36,7 +36,7 @@ class ServeOptions:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
-    speculative_max_num_seqs: int = 32
+    speculative_max_num_seqs: int = 8
     host: str = LOOPBACK
     port: int = 8000
     num_gateways: int = 1

@@ -9,11 +9,8 @@ one token per step would give. Sampled or constrained sequences, and those askin
 logprobs, never get drafts.
 
 Steps that run more than `speculative_max_num_seqs` sequences get none: on a CPU every row
-of a step costs a pass of arithmetic over all the weights, so drafts pay only while the
-steps they save outweigh the rows they add. On the 48-request benchmark (in-process, 2
-threads, K = 3) the limit measured: AVX2 fp32 8: 58-76 s, 16: 46-55 s, 32: 43-48 s; bf16
-(AMX) 8: 24-25 s, 16: 19-20 s, 32: 16.8 s, 64: 18.7 s. Hence 32 by default; a workload that
-repeats itself less accepts fewer drafts and may want less.
+of a step costs a pass of arithmetic over all the weights, so drafts pay only while a step
+is bound by reading the weights, at a few sequences.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ class PipelineConfig:
     num_blocks: int | None = None
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
-    speculative_max_num_seqs: int = 32
+    speculative_max_num_seqs: int = 8
     startup_timeout_s: float = 180.0
 
 
