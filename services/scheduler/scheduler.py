@@ -191,10 +191,21 @@ class Scheduler:
 
     # -- scheduling helpers -------------------------------------------------------------------
 
+    def _may_speculate(self) -> bool:
+        """Drafts only in a pure decode step of few enough sequences: while a prompt waits or
+        is part-way through its prefill, drafts would take its share of the step's token
+        budget and arithmetic (through the service, drafting beside arriving prompts took
+        TTFT p99 from 1353 to 2537 ms)."""
+        return (
+            0 < len(self.running) <= self.config.speculative_max_num_seqs
+            and len(self.waiting) == 0
+            and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in self.running)
+        )
+
     def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
         planned: dict[str, CachedSequence] = {}  # in running order
         num_done = 0  # running[:num_done] are dealt with this step
-        speculate = 0 < len(self.running) <= self.config.speculative_max_num_seqs
+        speculate = self._may_speculate()
         while num_done < len(self.running) and token_budget > 0:
             request = self.running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)

@@ -181,3 +181,33 @@ def test_tokens_a_worker_returns_beyond_the_drafts_are_ignored():
     request = scheduler.get_request("r")
     assert request.num_computed_tokens == 3 and request.num_tokens == 4
     scheduler.check_integrity()
+
+
+def test_no_drafts_while_a_prompt_waits_or_is_part_way_through_its_prefill():
+    """Drafts would take the step's token budget from arriving prompts: only pure decode
+    steps get them, and the outputs stay those of one token per step."""
+    scheduler = make_scheduler(
+        num_blocks=64, max_model_len=128, num_speculative_tokens=3, max_num_batched_tokens=8
+    )
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("early", CYCLE * 2, max_tokens=40, temperature=0.0))
+    prompts = {"early": CYCLE * 2, "late": list(range(20, 50))}  # 30 tokens: 4+ chunks of 8
+    outputs: dict[str, list[int]] = {}
+    drafted_beside_a_prefill = drafted_after = 0
+    for step in range(300):
+        if step == 6:
+            scheduler.add_request(make_request("late", prompts["late"], 20, temperature=0.0))
+        if not scheduler.has_unfinished_requests():
+            break
+        plan = scheduler.schedule()
+        prefilling = any(len(c.draft_token_ids) == 0 and c.num_scheduled_tokens > 1
+                         for c in plan.cached_seqs) or bool(plan.new_seqs)  # fmt: skip
+        drafts = sum(len(c.draft_token_ids) for c in plan.cached_seqs)
+        drafted_beside_a_prefill += drafts if prefilling else 0
+        drafted_after += drafts if step > 6 and not prefilling else 0
+        for delta in scheduler.update_from_output(plan, worker.execute_model(plan, cycling_model)):
+            outputs.setdefault(delta.request_id, []).extend(delta.token_ids)
+    assert drafted_beside_a_prefill == 0
+    assert drafted_after > 0  # once "late" is in decode, both draft again
+    assert outputs["early"] == one_at_a_time(prompts["early"], 40, cycling_model)
+    assert outputs["late"] == one_at_a_time(prompts["late"], 20, cycling_model)
