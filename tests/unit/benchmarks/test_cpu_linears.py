@@ -1,0 +1,34 @@
+"""benchmarks/cpu_linears.py: a step's linear shapes from a config, and a timed table over
+every product path of a dtype."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from benchmarks import cpu_linears
+from kernels import cpu_small_gemm
+
+
+def test_shapes_follow_the_config(tmp_path):
+    config = {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2,
+              "intermediate_size": 96, "num_hidden_layers": 3, "vocab_size": 500}  # fmt: skip
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    shapes = cpu_linears.layer_shapes(tmp_path)
+    assert shapes[:4] == [(64 + 2 * 32, 64), (64, 64), (192, 64), (64, 96)]
+    assert len(shapes) == 3 * 4 + 1 and shapes[-1] == (500, 64)
+
+
+def test_every_path_is_timed_and_gives_the_product():
+    weight = torch.randn(40, 32).bfloat16()
+    x = torch.randn(3, 32).bfloat16()
+    paths = cpu_linears.products(weight)
+    assert {"F.linear", "oneDNN packed"} <= set(paths)
+    assert ("ours" in paths) == (cpu_small_gemm.load() is not None)
+    expected = x.double() @ weight.double().T
+    for name, product in paths.items():
+        assert torch.allclose(product(x).double(), expected, rtol=2e-2, atol=2e-2), name
+    table = cpu_linears.measure([(40, 32), (24, 40)], torch.float32, [1, 2], repeats=1)
+    assert set(table) == {"F.linear", "MKL packed"}
+    assert all(t[r] > 0 for t in table.values() for r in (1, 2))
