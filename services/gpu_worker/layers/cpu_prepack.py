@@ -39,7 +39,8 @@ multiplies it, so that no decode step re-packs it.
 
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
-`linear`. It costs one more copy of the linear weights in memory.
+`linear`. It costs one more copy of the linear weights in memory (two for bf16 on a CPU with
+AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's).
 """
 
 from __future__ import annotations
