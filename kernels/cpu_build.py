@@ -4,7 +4,8 @@
 (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps, so a machine
 told to behave as AVX2-only gets AVX2 code here too). A library is cached in
 `$PAGEDSERVE_CACHE/kernels` (default `~/.cache/pagedserve/kernels`), named by its source's
-name and a hash of the source, the flags and the compiler, and written atomically, so
+name and a hash of the source, the headers beside it (`cpu_bf16.h`), the flags and the
+compiler, and written atomically, so
 concurrent workers share one build. Its OpenMP runtime is torch's own (the same
 `libgomp.so.1`, already loaded), so a kernel runs on torch's thread pool and thread count.
 """
@@ -59,7 +60,10 @@ def build(source: Path, directory: Path | None = None, extra_flags: tuple[str, .
         ).stdout
     except (OSError, subprocess.SubprocessError) as exc:
         raise KernelBuildError(f"C compiler {compiler!r} does not run: {exc}") from exc
-    key = hashlib.sha256(source.read_bytes() + " ".join(flags).encode() + version.encode())
+    headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
+    key = hashlib.sha256(
+        source.read_bytes() + headers + " ".join(flags).encode() + version.encode()
+    )
     directory = directory or model_files.cache_dir() / "kernels"
     target = directory / f"{source.stem}-{key.hexdigest()[:16]}.so"
     if target.exists():

@@ -31,6 +31,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_bf16.h"
+
 typedef float v8f __attribute__((vector_size(32)));
 typedef int32_t v8i __attribute__((vector_size(32)));
 typedef uint16_t v8u16 __attribute__((vector_size(16)));
@@ -45,14 +47,6 @@ static inline v8f load8(const float *p) {
 }
 
 static inline void store8(float *p, v8f v) { memcpy(p, &v, sizeof v); }
-
-static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 /* Row `src` (d elements, float32 or bf16; d a multiple of 8) as float32 in `dst`. */
 static inline void widen_row(float *restrict dst, const void *src, int64_t d, int is_bf16) {

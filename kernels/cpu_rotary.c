@@ -15,22 +15,9 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_bf16.h"
+
 #define PARALLEL_MIN_ELEMENTS (1 << 18)
-
-static inline float bf16_to_float(uint16_t h) {
-    const uint32_t bits = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &bits, sizeof f);
-    return f;
-}
-
-static inline uint16_t float_to_bf16(float f) { /* round to nearest even, as torch does */
-    uint32_t bits;
-    memcpy(&bits, &f, sizeof bits);
-    if ((bits & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((bits >> 16) | 0x40u); /* NaN */
-    bits += 0x7fffu + ((bits >> 16) & 1u);
-    return (uint16_t)(bits >> 16);
-}
 
 __attribute__((optimize("fp-contract=off"))) static inline void rotate_f32(
     float *restrict x, const float *restrict cos, const float *restrict sin, int64_t half) {

@@ -28,6 +28,7 @@ logger = logging.getLogger(__name__)
 SOURCE = Path(__file__).with_name("cpu_small_gemm.c")
 MAX_ROWS = 12  # the most rows the vdpbf16ps tiles take (see the module's note)
 AMX_MAX_ROWS = 128  # the most rows the AMX tiles take, where the CPU has AMX-BF16
+PANEL_COLUMNS = 32  # NR in the C source
 AMX_K_MULTIPLE = 32  # the AMX tiles take K in whole tiles of 32
 _FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 _AMX_FLAGS = ("-mamx-tile", "-mamx-bf16")
@@ -104,6 +105,12 @@ def _library() -> ctypes.CDLL:
     return library
 
 
+def packed_numel(num_out: int, num_in: int) -> int:
+    """bf16 elements a packed [num_out, num_in] weight takes (`small_gemm_packed_numel` in C:
+    32-column panels, K rounded up to pairs), without a call into the library per product."""
+    return -(-num_out // PANEL_COLUMNS) * PANEL_COLUMNS * ((num_in + 1) // 2 * 2)
+
+
 def pack(weight: torch.Tensor) -> torch.Tensor:
     """A bf16 [N, K] weight in the kernel's panel layout (a flat bf16 tensor)."""
     if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
@@ -125,9 +132,7 @@ def linear(
     """x W^T (+ b) through a packed weight."""
     library = _library()
     num_in = x.shape[-1]
-    if x.dtype != torch.bfloat16 or packed.numel() != library.small_gemm_packed_numel(
-        num_out, num_in
-    ):
+    if x.dtype != torch.bfloat16 or packed.numel() != packed_numel(num_out, num_in):
         raise ValueError(
             f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] bf16 weight"
         )

@@ -125,3 +125,12 @@ def test_without_avx512_bf16_bf16_layers_keep_onednn(monkeypatch):
 def test_turned_off_by_the_environment(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_CPU_GEMM_KERNEL", "0")
     assert cpu_small_gemm.load() is None
+
+
+@requires_avx512_bf16
+def test_the_python_packed_size_is_the_librarys():
+    library = cpu_small_gemm.load()
+    for num_out, num_in in [(1, 1), (32, 64), (37, 77), (49152, 576), (33, 1)]:
+        assert cpu_small_gemm.packed_numel(num_out, num_in) == library.small_gemm_packed_numel(
+            num_out, num_in
+        )
