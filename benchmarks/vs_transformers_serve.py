@@ -47,6 +47,7 @@ from services.cli.loadgen.runner import (
 )
 from services.cli.loadgen.sse_client import EndpointConfig
 from services.cli.loadgen.workload import BenchRequest
+from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 
 
 def measure_server(
@@ -169,6 +170,23 @@ def _speculative(result: dict[str, Any]) -> str:
     )
 
 
+def _engine_busy(runs: list[dict[str, Any]]) -> str:
+    """How busy pagedserve kept its model at each level (services/cli/loadgen/engine_time.py)."""
+    shares = [(r["max_concurrency"], r.get("engine_time")) for r in runs]
+    if not shares or any(s is None for _, s in shares):
+        return ""
+    levels = " / ".join(str(c) for c, _ in shares)
+
+    def pct(key: str) -> str:
+        return " / ".join(f"{100 * s[key]:.0f}%" for _, s in shares)
+
+    return (
+        f"pagedserve's model computed for {pct('execute')} of the wall time at {levels} in "
+        f"flight (plan out to result in: {pct('in_flight')}; the scheduler between steps: "
+        f"{pct('scheduling')})"
+    )
+
+
 def report_section(result: dict[str, Any]) -> list[str]:
     """The markdown section of `benchmarks.report_writer` for this benchmark's JSON."""
     m, w, rate = result["machine"], result["workload"], result["matmul_rate"]
@@ -193,6 +211,9 @@ def report_section(result: dict[str, Any]) -> list[str]:
             f"(pagedserve) / {100 * steal[1]:.0f}% (transformers serve); compare runs only "
             "where both are low"
         )
+    busy = _engine_busy(result.get("pagedserve", {}).get("runs", []))
+    if busy:
+        lines.append(busy)
     if "hf_generate" in result:
         hf = result["hf_generate"]
         lines.append(
@@ -217,7 +238,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=0,
         help="pagedserve's n-gram speculative decoding (0: off, its default)",
     )
-    add("--speculative-max-num-seqs", type=int, default=8)
+    add("--speculative-max-num-seqs", type=int, default=DEFAULT_SPECULATIVE_MAX_NUM_SEQS)
     add("--concurrency", default="16,64", help="levels of requests in flight, comma-separated")
     add("--num-warmups", type=int, default=8)
     add("--num-check", type=int, default=16, help="greedy requests compared across servers")

@@ -66,6 +66,8 @@ class CacheConfig:
 # Draft tokens per sequence and step, at most: with the token they follow, a sequence's step
 # stays within the CPU attention kernel's short-query path (KERNEL_MAX_QUERY_LEN, 16).
 MAX_SPECULATIVE_TOKENS = 15
+# drafts only in steps of at most this many sequences (see services/scheduler/speculation.py)
+DEFAULT_SPECULATIVE_MAX_NUM_SEQS = 32
 
 
 @dataclass(frozen=True)
@@ -83,7 +85,7 @@ class SchedulerConfig:
     num_speculative_tokens: int = 0
     # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
     # more than the steps they save (every row is a full pass through the weights on a CPU)
-    speculative_max_num_seqs: int = 8
+    speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):

@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
+from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE, DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -116,7 +116,7 @@ OPTIONS: dict[str, Option] = {
         Option("--num-speculative-tokens", 0, int,
                help="n-gram speculative decoding: draft tokens a greedy sequence may have "
                     "checked per step (prompt lookup; output unchanged); 0: off"),
-        Option("--speculative-max-num-seqs", 8, int,
+        Option("--speculative-max-num-seqs", DEFAULT_SPECULATIVE_MAX_NUM_SEQS, int,
                help="draft only in steps that run at most this many sequences"),
         Option("--scheduling-policy", "fcfs", choices=("fcfs", "priority")),
         Option("--no-prefix-caching", False, switch=True),

@@ -40,6 +40,10 @@ class EngineStatus:
     integrity_checked_at: float = 0.0  # unix seconds of that check; 0.0: none yet
     iteration_tokens: str = ""  # shared/iteration_histogram.py's encoding; "": none yet
     block_size: int = 0  # tokens per KV block (vllm:cache_config_info)
+    # seconds, totals since start (services/scheduler/step_clock.py)
+    scheduling_s: float = 0.0  # the scheduler's own work between steps: the worker waits
+    step_in_flight_s: float = 0.0  # plan published -> result received
+    worker_execute_s: float = 0.0  # rank 0's model execution inside that
 
 
 @dataclass(frozen=True)

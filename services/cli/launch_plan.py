@@ -9,6 +9,7 @@ import sys
 from dataclasses import dataclass, field
 
 from services.cli.supervisor import ChildSpec
+from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 from shared.options import option_argv
 from shared.transport import ipc_address
 
@@ -36,7 +37,7 @@ class ServeOptions:
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
-    speculative_max_num_seqs: int = 8
+    speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
     host: str = LOOPBACK
     port: int = 8000
     num_gateways: int = 1

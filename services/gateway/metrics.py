@@ -72,6 +72,12 @@ class EngineStatusCollector(Collector):
             "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache",
                                        sum(x.prefix_cache_hits for x in s)),
             "vllm:num_preemptions": ("Preemptions", sum(x.num_preemptions for x in s)),
+            "pagedserve:worker_execute_seconds": ("Seconds the model computed steps (rank 0)",
+                                                  sum(x.worker_execute_s for x in s)),
+            "pagedserve:step_in_flight_seconds": ("Seconds from each plan out to its result in",
+                                                  sum(x.step_in_flight_s for x in s)),
+            "pagedserve:scheduling_seconds": ("Seconds the schedulers worked between steps",
+                                              sum(x.scheduling_s for x in s)),
         }  # fmt: skip
         for name, (doc, value) in counters.items():
             counter = CounterMetricFamily(name, doc, labels=labels)

@@ -10,11 +10,13 @@ logprobs, never get drafts.
 
 Steps that run more than `speculative_max_num_seqs` sequences get none: on a CPU every row
 of a step costs a pass of arithmetic over all the weights, so drafts pay only while a step
-is bound by reading the weights, at a few sequences. A larger limit was measured and not
-taken: on the 48-request benchmark with every request at once (in-process, 2 threads, K =
-3) 32 beat 8 (AVX2 fp32 43-48 vs 58-76 s; bf16 16.8 vs 24-25 s), but through the service in
-bf16 at 16 in flight it gave 99.2 tok/s and a TTFT p99 of 2537 ms, where 8 had given 123.9
-and 1353 (drafts take the step's token budget from arriving prompts).
+is bound by reading the weights, up to a few dozen sequences. The default, 32, was measured
+against 8 on the 48-request benchmark: in-process with every request at once (2 threads,
+K = 3) AVX2 fp32 took 43-48 s against 58-76, bf16 16.8 s against 24-25 (64: 18.7); through
+the service (benchmarks/results/vs_transformers_serve_t2) AVX2 fp32 made 78.4 / 86.2 tok/s at
+16 / 64 in flight against 70.8 / 82.4, and bf16 136.6 / 163.2 against 123.9 / 142.5. The
+service runs gained only once drafts were kept out of steps that also prefill (the scheduler's
+`_may_speculate`): beside arriving prompts, drafts took the step's token budget from them.
 """
 
 from __future__ import annotations

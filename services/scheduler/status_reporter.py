@@ -22,6 +22,7 @@ from services.scheduler.outbox import Outbox
 from services.scheduler.redis_io import RedisIO
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.stats import SchedulerStats
+from services.scheduler.step_clock import StepClock
 from services.scheduler.worker_link import WorkerLink
 from shared.status import EngineStatus
 
@@ -57,8 +58,10 @@ class StatusReporter:
         scheduler: Scheduler,
         ledger: Ledger,
         stopping: asyncio.Event,
+        clock: StepClock | None = None,
     ) -> None:
         self._io = io
+        self._clock = clock or StepClock()
         self._link = link
         self._scheduler = scheduler
         self._ledger = ledger
@@ -80,6 +83,9 @@ class StatusReporter:
             **{name: getattr(stats, name) for name in STATS_IN_STATUS},
             iteration_tokens=self._scheduler.iteration_tokens.encode(),
             block_size=self._scheduler.block_size,
+            scheduling_s=self._clock.scheduling_s,
+            step_in_flight_s=self._clock.in_flight_s,
+            worker_execute_s=self._clock.worker_execute_s,
         )
 
     def _workers_alive(self) -> bool:

@@ -16,6 +16,7 @@ from services.scheduler.outbox import Outbox
 from services.scheduler.redis_io import StreamEntry
 from services.scheduler.scheduler import Scheduler
 from services.scheduler.status_reporter import StatusReporter
+from services.scheduler.step_clock import StepClock
 from services.scheduler.watchers import (
     CLAIM_MIN_IDLE_MS,
     claim_abandoned_forever,
@@ -45,7 +46,10 @@ class StepLoop:
         self.backoff = engine.backoff
         self.outbox = Outbox(engine.io, engine.backoff)
         self.ledger = Ledger(scheduler, self.outbox, self.config.engine_id)
-        self.status = StatusReporter(engine.io, engine.link, scheduler, self.ledger, self.stopping)
+        self.clock = StepClock()
+        self.status = StatusReporter(
+            engine.io, engine.link, scheduler, self.ledger, self.stopping, self.clock
+        )
 
     async def run(self) -> None:
         tasks = [
@@ -103,6 +107,7 @@ class StepLoop:
             await self._step()
 
     async def _step(self) -> None:
+        started = self.clock.start()
         self._apply_intake()
         plan = self.scheduler.schedule()
         if plan.is_empty and not (plan.finished_seq_ids or plan.preempted_seq_ids):
@@ -110,11 +115,14 @@ class StepLoop:
             return
         self.ledger.note_scheduled(plan)
         self.link.publish(plan)
+        published = self.clock.published(started)
         io = asyncio.create_task(self._overlapped_io())
         result = await self.link.wait_result(plan.step_id, self.config.step_timeout_s)
+        received = self.clock.received(published, result.execute_time_s if result else 0.0)
         await io
         if result is not None:
             self.ledger.collect(self.scheduler.update_from_output(plan, result))
+        self.clock.updated(received)
         self.status.after_step(self.outbox)
 
     async def _idle(self) -> None:

@@ -17,6 +17,7 @@ import httpx
 from services.cli.ports import free_port
 from services.cli.redis_launcher import RedisServer
 from services.cli.supervisor import ChildSpec, Supervisor
+from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 from shared.options import option_argv
 
 
@@ -30,7 +31,7 @@ class PipelineConfig:
     num_blocks: int | None = None
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
-    speculative_max_num_seqs: int = 8
+    speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
     startup_timeout_s: float = 180.0
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 import httpx
 
+from services.cli.loadgen.engine_time import engine_time_shares, format_shares, read_engine_seconds
 from services.cli.loadgen.latency_stats import RequestRecord, summarize
 from services.cli.loadgen.sse_client import EndpointConfig, send_request
 from services.cli.loadgen.status_sampler import StatusSampler
@@ -187,12 +188,17 @@ def warm_up(endpoint: EndpointConfig, requests: list[BenchRequest]) -> dict[str,
 def run_levels(
     endpoint: EndpointConfig, levels: list[Level], sampler: StatusSampler | None = None
 ) -> list[dict[str, Any]]:
-    """One run per load level, in order, printing a line after each."""
+    """One run per load level, in order, printing a line after each. Against pagedserve each
+    summary also says how busy the engine kept its model (`engine_time.py`)."""
+    metrics_url = endpoint.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     runs = []
     for level in levels:
         if not level.fresh_prompts:
             print(f"note: {REPEATED_PROMPTS_NOTE}", flush=True)
+        before = read_engine_seconds(metrics_url)
         summary = asyncio.run(run_load(endpoint, level.requests, level.load, sampler))
+        after = read_engine_seconds(metrics_url)
+        summary["engine_time"] = engine_time_shares(before, after, summary["duration_s"])
         summary["fresh_prompts"] = level.fresh_prompts
         if not level.fresh_prompts:
             summary["prefix_cache_note"] = REPEATED_PROMPTS_NOTE
@@ -212,7 +218,7 @@ def format_summary_line(summary: dict[str, Any]) -> str:
         f"{summary['request_throughput']:.2f} req/s, {summary['output_throughput']:.1f} out tok/s, "
         f"TTFT p50 {ms('ttft_ms', 'p50')} ms p99 {ms('ttft_ms', 'p99')} ms, "
         f"TPOT p50 {ms('tpot_ms', 'p50')} ms, ITL p50 {ms('itl_ms', 'p50')} ms, "
-        f"E2E p50 {ms('e2e_ms', 'p50')} ms"
+        f"E2E p50 {ms('e2e_ms', 'p50')} ms{format_shares(summary.get('engine_time'))}"
     )
 
 

@@ -88,6 +88,7 @@ def test_metrics_names_and_values(gateway):
     publish(gateway, EngineStatus(
         "e1", time=time.time(), workers_alive=True, num_running=3, num_waiting=2, kv_usage=0.25,
         prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=1,
+        scheduling_s=0.5, step_in_flight_s=9.0, worker_execute_s=8.25,
     ))  # fmt: skip
     with gateway.client() as c:
         c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
@@ -103,6 +104,9 @@ def test_metrics_names_and_values(gateway):
     assert sample(text, "vllm:prefix_cache_queries_total") == 100
     assert sample(text, "vllm:prefix_cache_hits_total") == 40
     assert sample(text, "vllm:num_preemptions_total") == 1
+    assert sample(text, "pagedserve:worker_execute_seconds_total") == 8.25
+    assert sample(text, "pagedserve:step_in_flight_seconds_total") == 9.0
+    assert sample(text, "pagedserve:scheduling_seconds_total") == 0.5
     assert sample(text, "vllm:time_to_first_token_seconds_count") == 2
     assert sample(text, "vllm:e2e_request_latency_seconds_count") == 2
     assert sample(text, "vllm:inter_token_latency_seconds_count") > 0

@@ -58,7 +58,8 @@ class FakeModel:
         self.seqs.clear()
 
     def execute(self, plan: StepPlan) -> StepResult:
-        time.sleep(self.step_delay_s + self.first_step_delay_s)
+        delay = self.step_delay_s + self.first_step_delay_s
+        time.sleep(delay)
         self.first_step_delay_s = 0.0
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)
@@ -73,7 +74,7 @@ class FakeModel:
             self.seqs[cached.seq_id] += len(cached.new_token_ids)
             if cached.num_computed_tokens + cached.num_scheduled_tokens == self.seqs[cached.seq_id]:
                 sampled.append(cached.seq_id)
-        return StepResult(plan.step_id, sampled, [TOKEN] * len(sampled))
+        return StepResult(plan.step_id, sampled, [TOKEN] * len(sampled), execute_time_s=delay)
 
 
 class EngineHarness:
@@ -374,3 +375,21 @@ def test_the_engine_status_is_current_when_a_request_finishes(engine, redis_url,
         assert status.num_running == 0 and status.num_waiting == 0, status
         assert status.num_free_blocks == status.num_total_blocks == FakeModel.num_blocks
         assert status.num_finished == round_ + 1
+
+
+def test_the_engine_status_says_where_the_steps_spent_their_time(redis_url, namespace):
+    """Worker execute time (as the worker reports it) within the plan-to-result time, and the
+    scheduler's own time between steps, as totals in the status record."""
+    harness = EngineHarness(redis_url, namespace, step_delay_s=0.05)
+    try:
+        harness.wait_ready()
+        client = Client(redis_url, namespace)
+        client.submit("timed", max_tokens=4)
+        client.finished(["timed"])
+        status = from_fields(EngineStatus, client.redis.hgetall(client.keys.engine("e1")))
+        assert status.num_steps >= 4
+        assert status.worker_execute_s == pytest.approx(0.05 * status.num_steps)
+        assert status.step_in_flight_s >= status.worker_execute_s
+        assert status.scheduling_s > 0
+    finally:
+        harness.stop()

@@ -99,6 +99,16 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     result["speculative"] = [3, 8]
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "up to 3 draft tokens per sequence in steps of at most 8 sequences" in text
+    assert "model computed" not in text  # results from before the engine's step clock
+    result["pagedserve"]["runs"] = [
+        {"max_concurrency": 16, "engine_time": {"execute": 0.81, "in_flight": 0.84,
+                                                "scheduling": 0.04}},
+        {"max_concurrency": 64, "engine_time": {"execute": 0.9, "in_flight": 0.92,
+                                                "scheduling": 0.03}},
+    ]  # fmt: skip
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "model computed for 81% / 90% of the wall time at 16 / 64 in flight" in text
+    assert "plan out to result in: 84% / 92%; the scheduler between steps: 4% / 3%" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:

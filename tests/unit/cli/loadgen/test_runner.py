@@ -94,3 +94,11 @@ def test_num_warmups_defaults_to_8_and_refuses_negatives(capsys) -> None:
     with pytest.raises(SystemExit):
         parser.parse_args(["bench", "--num-warmups", "-1"])
     assert "--num-warmups: must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_server_without_step_counters_reports_no_engine_time() -> None:
+    requests = synthetic_workload(FakeTokenizer(), NUM_REQUESTS, PROMPTS, OUTPUTS, seed=3)
+    levels = plan_levels(requests, FakeTokenizer(), LOADS[:1], seed=3, synthetic=True)
+    with fake_openai_server() as server:
+        runs = run_levels(EndpointConfig(server.base_url, "m"), levels)
+    assert runs[0]["engine_time"] is None

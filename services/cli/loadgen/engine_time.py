@@ -1,0 +1,52 @@
+"""How busy a pagedserve engine kept its model during one load level: the step-time counters of
+`/metrics` (services/scheduler/step_clock.py), read before and after the level, as shares of
+the level's wall time. A server without those counters (transformers serve, vLLM) gives None.
+
+    execute     rank 0 computing steps: the model's busy share
+    in_flight   plan out -> result in (execute, plus the link and the wake-ups)
+    scheduling  the scheduler's work between steps, while the worker waits
+"""
+
+from __future__ import annotations
+
+import httpx
+
+from services.cli.loadgen.status_sampler import parse_prometheus_gauges
+
+COUNTERS = {
+    "execute": "pagedserve:worker_execute_seconds_total",
+    "in_flight": "pagedserve:step_in_flight_seconds_total",
+    "scheduling": "pagedserve:scheduling_seconds_total",
+}
+
+
+def read_engine_seconds(metrics_url: str) -> dict[str, float] | None:
+    """The counters now, or None where the server does not expose them."""
+    try:
+        response = httpx.get(metrics_url, timeout=10.0)
+    except httpx.HTTPError:
+        return None
+    if response.status_code != 200:
+        return None
+    values = parse_prometheus_gauges(response.text, tuple(COUNTERS.values()))
+    if len(values) != len(COUNTERS):
+        return None
+    return {key: values[name] for key, name in COUNTERS.items()}
+
+
+def engine_time_shares(
+    before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float
+) -> dict[str, float] | None:
+    """Each counter's growth over the level as a share of its wall time."""
+    if before is None or after is None or wall_s <= 0:
+        return None
+    return {key: (after[key] - before[key]) / wall_s for key in COUNTERS}
+
+
+def format_shares(shares: dict[str, float] | None) -> str:
+    if shares is None:
+        return ""
+    return (
+        f", model busy {100 * shares['execute']:.0f}% of the wall time (in flight "
+        f"{100 * shares['in_flight']:.0f}%, scheduling {100 * shares['scheduling']:.0f}%)"
+    )

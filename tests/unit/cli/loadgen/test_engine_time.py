@@ -1,0 +1,82 @@
+"""The engine-time shares of a load level from two `/metrics` readings, against a real HTTP
+server on loopback that serves a Prometheus text the way the gateway does."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from services.cli.loadgen.engine_time import (
+    engine_time_shares,
+    format_shares,
+    read_engine_seconds,
+)
+
+LABELS = '{model_name="m"}'
+
+
+def exposition(execute: float, in_flight: float, scheduling: float) -> str:
+    return (
+        "# TYPE pagedserve:worker_execute_seconds counter\n"
+        f"pagedserve:worker_execute_seconds_total{LABELS} {execute}\n"
+        f"pagedserve:step_in_flight_seconds_total{LABELS} {in_flight}\n"
+        f"pagedserve:scheduling_seconds_total{LABELS} {scheduling}\n"
+        f"vllm:num_requests_running{LABELS} 2.0\n"
+    )
+
+
+@contextmanager
+def metrics_server(bodies: list[tuple[int, str]]) -> Iterator[str]:
+    """Serves `bodies` in order, one per GET, then the last one again."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            status, body = bodies.pop(0) if len(bodies) > 1 else bodies[0]
+            self.send_response(status)
+            self.end_headers()
+            self.wfile.write(body.encode())
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
+    with metrics_server(
+        [(200, exposition(10.0, 11.0, 1.0)), (200, exposition(17.5, 19.0, 1.5))]
+    ) as url:
+        before, after = read_engine_seconds(url), read_engine_seconds(url)
+    assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0}
+    shares = engine_time_shares(before, after, wall_s=10.0)
+    assert shares == pytest.approx({"execute": 0.75, "in_flight": 0.8, "scheduling": 0.05})
+    assert "model busy 75%" in format_shares(shares)
+
+
+@pytest.mark.parametrize(
+    "status, body",
+    [(404, "not found"), (200, "vllm:num_requests_running 1.0\n")],
+    ids=["no-metrics-endpoint", "no-step-counters"],
+)
+def test_a_server_without_the_counters_gives_none(status: int, body: str) -> None:
+    with metrics_server([(status, body)]) as url:
+        assert read_engine_seconds(url) is None
+    assert engine_time_shares(None, {"execute": 1.0}, 1.0) is None
+    assert format_shares(None) == ""
+
+
+def test_an_unreachable_server_gives_none() -> None:
+    with metrics_server([(200, "")]) as url:
+        pass  # closed: nothing listens on its port any more
+    assert read_engine_seconds(url) is None
