@@ -6,7 +6,10 @@ and without logprobs: the workers then compute its last token and the drafts in 
 sample (greedily) after each of them, and keep the longest run of drafts that matched
 what they sampled, plus the token sampled after that run. The output is exactly what
 one token per step would give. Sampled or constrained sequences, and those asking for
-logprobs, never get drafts.
+logprobs, never get drafts. Sequences still short of `min_tokens` do: the workers sample
+after each draft with the history it implies, so EOS and stop tokens stay masked exactly
+where one token per step would mask them (benchmark clients send `min_tokens` equal to
+`max_tokens` with `ignore_eos`: had they no drafts, speculation would never run there).
 
 Steps that run more than `speculative_max_num_seqs` sequences get none: on a CPU every row
 of a step costs a pass of arithmetic over all the weights, so drafts pay only while a step
@@ -27,12 +30,7 @@ from services.scheduler.request import Request
 
 def can_speculate(request: Request) -> bool:
     sampling = request.sampling
-    return (
-        sampling.is_greedy
-        and sampling.structured_output is None
-        and sampling.logprobs is None
-        and request.num_output_tokens >= sampling.min_tokens
-    )
+    return sampling.is_greedy and sampling.structured_output is None and sampling.logprobs is None
 
 
 def draft_tokens(request: Request, num_speculative_tokens: int, max_model_len: int) -> list[int]:

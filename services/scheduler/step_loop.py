@@ -114,8 +114,8 @@ class StepLoop:
             await self._idle()
             return
         self.ledger.note_scheduled(plan)
+        published = self.clock.published(started)  # before: the worker may start at once
         self.link.publish(plan)
-        published = self.clock.published(started)
         io = asyncio.create_task(self._overlapped_io())
         result = await self.link.wait_result(plan.step_id, self.config.step_timeout_s)
         received = self.clock.received(published, result.execute_time_s if result else 0.0)

@@ -270,13 +270,17 @@ def test_speculative_decoding_keeps_greedy_outputs_those_of_hf(tiny_llama_dir):
     assert [c for p in steps for c in p.cached_seqs if c.draft_token_ids]
 
 
-def test_speculative_decoding_saves_steps_where_text_repeats():
+@pytest.mark.parametrize("min_tokens", [0, 32], ids=["plain", "min-tokens-as-bench-clients"])
+def test_speculative_decoding_saves_steps_where_text_repeats(min_tokens):
     """The default model continues a repeated motif, so drafts are right: the same tokens as
-    without drafts, in fewer steps."""
+    without drafts, in fewer steps; also while short of min_tokens (benchmark clients send
+    min_tokens = max_tokens beside ignore_eos)."""
     config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
     engine = LLMEngine("smollm2", config, CacheConfig(), dtype="float32")
     prompts = [[504, 1552, 28, 2018, 30] * 8, [1024, 33, 11208, 30] * 6]
-    sampling = SamplingParams(temperature=0.0, max_tokens=32, ignore_eos=True)
+    sampling = SamplingParams(
+        temperature=0.0, max_tokens=32, ignore_eos=True, min_tokens=min_tokens
+    )
     plain = engine.generate(prompts, sampling)
     plain_steps = engine.scheduler.stats().num_steps
     engine.scheduler.config = dataclasses.replace(config, num_speculative_tokens=3)

@@ -98,9 +98,8 @@ def test_max_tokens_bounds_the_drafts():
         {"temperature": 1.0, "seed": 3},
         {"temperature": 0.0, "logprobs": 0},
         {"temperature": 0.0, "structured_output": StructuredOutput("regex", "[0-9]+")},
-        {"temperature": 0.0, "min_tokens": 10},
     ],
-    ids=["sampled", "logprobs", "structured", "before-min-tokens"],
+    ids=["sampled", "logprobs", "structured"],
 )
 def test_no_drafts_for_what_they_cannot_serve_exactly(sampling):
     scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=3)
@@ -211,3 +210,21 @@ def test_no_drafts_while_a_prompt_waits_or_is_part_way_through_its_prefill():
     assert drafted_after > 0  # once "late" is in decode, both draft again
     assert outputs["early"] == one_at_a_time(prompts["early"], 40, cycling_model)
     assert outputs["late"] == one_at_a_time(prompts["late"], 20, cycling_model)
+
+
+def test_sequences_short_of_min_tokens_get_drafts_and_the_same_outputs():
+    """The fake worker samples each draft's row with that draft's history, as the real one
+    does, so min_tokens holds the stop token back at the same positions with or without
+    drafts."""
+    prompt = CYCLE * 2
+    outputs = {}
+    for k in (0, 3):
+        scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=k)
+        request = make_request("r", prompt, max_tokens=20, temperature=0.0, min_tokens=12,
+                               stop_token_ids=(14,))  # fmt: skip
+        scheduler.add_request(request)
+        outputs[k], plans = run(scheduler, FakeWorker(64, 4), cycling_model)
+        assert bool([c for p in plans for c in p.cached_seqs if c.draft_token_ids]) == (k > 0)
+        assert scheduler.finished_requests[-1].finish_reason == "stop"
+    # 14 comes every fifth token; the first that may stop the request is the 14th output
+    assert outputs[3]["r"] == outputs[0]["r"] == one_at_a_time(prompt, 13, cycling_model)
