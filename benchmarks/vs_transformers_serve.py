@@ -180,11 +180,17 @@ def _engine_busy(runs: list[dict[str, Any]]) -> str:
     def pct(key: str) -> str:
         return " / ".join(f"{100 * s[key]:.0f}%" for _, s in shares)
 
-    return (
+    text = (
         f"pagedserve's model computed for {pct('execute')} of the wall time at {levels} in "
         f"flight (plan out to result in: {pct('in_flight')}; the scheduler between steps: "
         f"{pct('scheduling')})"
     )
+    if all(s.get("draft_tokens") for _, s in shares):
+        accepted = " / ".join(
+            f"{s['accepted_tokens']:.0f} of {s['draft_tokens']:.0f}" for _, s in shares
+        )
+        text += f"; speculative drafts accepted: {accepted}"
+    return text
 
 
 def report_section(result: dict[str, Any]) -> list[str]:

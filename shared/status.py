@@ -34,6 +34,9 @@ class EngineStatus:
     num_preemptions: int = 0  # total
     num_finished: int = 0  # total
     num_steps: int = 0  # total
+    spec_num_drafts: int = 0  # total: sequence-steps with drafts checked
+    spec_num_draft_tokens: int = 0  # total drafts checked
+    spec_num_accepted_tokens: int = 0  # total drafts accepted
     model: str = ""
     pid: int = 0
     integrity_ok: bool = True  # the last idle check_integrity() passed (False: see its log)

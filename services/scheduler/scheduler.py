@@ -79,6 +79,11 @@ class Scheduler:
         self._num_finished = 0
         self._num_aborted = 0
         self._num_steps = 0
+        # speculative decoding, as vLLM counts it: sequence-steps with drafts, drafts checked,
+        # drafts accepted (a draft of a request that left before its result is not counted)
+        self._num_drafts = 0
+        self._num_draft_tokens = 0
+        self._num_accepted_tokens = 0
         self._prefix_cache_queries = 0
         self._prefix_cache_hits = 0
         self.iteration_tokens = IterationHistogram()  # tokens per step, for metrics
@@ -365,6 +370,7 @@ class Scheduler:
                 deltas.append(self._finish(request, FINISH_LENGTH, prompt_logprobs=prompt_logprobs))
                 continue
             more = result.more_token_ids[i] if result.more_token_ids else []
+            self._count_drafts(request.num_draft_tokens, len(more))
             if request.first_token_time is None:
                 request.first_token_time = now
             delta = self._append(request, [token_id, *more[: request.num_draft_tokens]], i, result)
@@ -372,6 +378,12 @@ class Scheduler:
                 delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
             deltas.append(delta)
         return deltas
+
+    def _count_drafts(self, num_drafts: int, num_accepted: int) -> None:
+        if num_drafts:
+            self._num_drafts += 1
+            self._num_draft_tokens += num_drafts
+            self._num_accepted_tokens += min(num_accepted, num_drafts)
 
     def _append(
         self, request: Request, tokens: list[int], index: int, result: StepResult
@@ -504,6 +516,9 @@ class Scheduler:
             num_finished=self._num_finished,
             num_aborted=self._num_aborted,
             num_steps=self._num_steps,
+            spec_num_drafts=self._num_drafts,
+            spec_num_draft_tokens=self._num_draft_tokens,
+            spec_num_accepted_tokens=self._num_accepted_tokens,
         )
 
     def check_integrity(self) -> None:

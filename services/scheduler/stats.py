@@ -18,6 +18,9 @@ class SchedulerStats:
     num_finished: int  # total since start, any finish reason
     num_aborted: int
     num_steps: int
+    spec_num_drafts: int = 0  # sequence-steps that had drafts checked
+    spec_num_draft_tokens: int = 0  # drafts checked
+    spec_num_accepted_tokens: int = 0  # drafts accepted
 
     @property
     def prefix_cache_hit_rate(self) -> float:

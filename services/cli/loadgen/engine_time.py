@@ -5,6 +5,8 @@ the level's wall time. A server without those counters (transformers serve, vLLM
     execute     rank 0 computing steps: the model's busy share
     in_flight   plan out -> result in (execute, plus the link and the wake-ups)
     scheduling  the scheduler's work between steps, while the worker waits
+
+and, where speculative decoding ran, how many draft tokens were checked and accepted.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ COUNTERS = {
     "execute": "pagedserve:worker_execute_seconds_total",
     "in_flight": "pagedserve:step_in_flight_seconds_total",
     "scheduling": "pagedserve:scheduling_seconds_total",
+    "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
+    "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
 }
+SECONDS = ("execute", "in_flight", "scheduling")
 
 
 def read_engine_seconds(metrics_url: str) -> dict[str, float] | None:
@@ -37,16 +42,23 @@ def read_engine_seconds(metrics_url: str) -> dict[str, float] | None:
 def engine_time_shares(
     before: dict[str, float] | None, after: dict[str, float] | None, wall_s: float
 ) -> dict[str, float] | None:
-    """Each counter's growth over the level as a share of its wall time."""
+    """Each time counter's growth over the level as a share of its wall time; the draft
+    counters' growth as counts."""
     if before is None or after is None or wall_s <= 0:
         return None
-    return {key: (after[key] - before[key]) / wall_s for key in COUNTERS}
+    grown = {key: after[key] - before[key] for key in COUNTERS}
+    return {key: grown[key] / wall_s if key in SECONDS else grown[key] for key in COUNTERS}
 
 
 def format_shares(shares: dict[str, float] | None) -> str:
     if shares is None:
         return ""
-    return (
+    text = (
         f", model busy {100 * shares['execute']:.0f}% of the wall time (in flight "
         f"{100 * shares['in_flight']:.0f}%, scheduling {100 * shares['scheduling']:.0f}%)"
     )
+    drafts = shares["draft_tokens"]
+    if drafts:
+        accepted = shares["accepted_tokens"]
+        text += f", drafts accepted {accepted:.0f} of {drafts:.0f} ({100 * accepted / drafts:.0f}%)"
+    return text

@@ -89,6 +89,7 @@ def test_metrics_names_and_values(gateway):
         "e1", time=time.time(), workers_alive=True, num_running=3, num_waiting=2, kv_usage=0.25,
         prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=1,
         scheduling_s=0.5, step_in_flight_s=9.0, worker_execute_s=8.25,
+        spec_num_drafts=4, spec_num_draft_tokens=12, spec_num_accepted_tokens=7,
     ))  # fmt: skip
     with gateway.client() as c:
         c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
@@ -107,6 +108,9 @@ def test_metrics_names_and_values(gateway):
     assert sample(text, "pagedserve:worker_execute_seconds_total") == 8.25
     assert sample(text, "pagedserve:step_in_flight_seconds_total") == 9.0
     assert sample(text, "pagedserve:scheduling_seconds_total") == 0.5
+    assert sample(text, "vllm:spec_decode_num_drafts_total") == 4
+    assert sample(text, "vllm:spec_decode_num_draft_tokens_total") == 12
+    assert sample(text, "vllm:spec_decode_num_accepted_tokens_total") == 7
     assert sample(text, "vllm:time_to_first_token_seconds_count") == 2
     assert sample(text, "vllm:e2e_request_latency_seconds_count") == 2
     assert sample(text, "vllm:inter_token_latency_seconds_count") > 0

@@ -108,7 +108,13 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     ]  # fmt: skip
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "model computed for 81% / 90% of the wall time at 16 / 64 in flight" in text
-    assert "plan out to result in: 84% / 92%; the scheduler between steps: 4% / 3%" in text
+    assert "plan out to result in: 84% / 92%; the scheduler between steps: 4% / 3%)" in text
+    assert "drafts accepted" not in text
+    counts = [(90, 40), (300, 120)]
+    for run, (drafts, accepted) in zip(result["pagedserve"]["runs"], counts, strict=True):
+        run["engine_time"].update(draft_tokens=drafts, accepted_tokens=accepted)
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "speculative drafts accepted: 40 of 90 / 120 of 300" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:

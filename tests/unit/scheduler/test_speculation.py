@@ -65,6 +65,12 @@ def test_outputs_are_those_of_one_token_per_step(model, num_speculative_tokens):
         assert outputs[request_id] == one_at_a_time(prompt, 30, model), request_id
     drafted = [c for p in plans for c in p.cached_seqs if c.draft_token_ids]
     assert drafted, "the cycle recurs: drafts were expected"
+    stats = scheduler.stats()
+    assert stats.spec_num_drafts == len(drafted)
+    assert stats.spec_num_draft_tokens == sum(len(c.draft_token_ids) for c in drafted)
+    assert 0 < stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
+    if model is sometimes_off_model:
+        assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
     assert len(plans) < 30  # 30 tokens each in fewer steps than one token per step takes
     assert scheduler.kv.num_free_blocks == 64  # every block given back
 

@@ -19,12 +19,16 @@ from services.cli.loadgen.engine_time import (
 LABELS = '{model_name="m"}'
 
 
-def exposition(execute: float, in_flight: float, scheduling: float) -> str:
+def exposition(
+    execute: float, in_flight: float, scheduling: float, drafts: int = 0, accepted: int = 0
+) -> str:
     return (
         "# TYPE pagedserve:worker_execute_seconds counter\n"
         f"pagedserve:worker_execute_seconds_total{LABELS} {execute}\n"
         f"pagedserve:step_in_flight_seconds_total{LABELS} {in_flight}\n"
         f"pagedserve:scheduling_seconds_total{LABELS} {scheduling}\n"
+        f"vllm:spec_decode_num_draft_tokens_total{LABELS} {drafts}\n"
+        f"vllm:spec_decode_num_accepted_tokens_total{LABELS} {accepted}\n"
         f"vllm:num_requests_running{LABELS} 2.0\n"
     )
 
@@ -54,14 +58,18 @@ def metrics_server(bodies: list[tuple[int, str]]) -> Iterator[str]:
 
 
 def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
-    with metrics_server(
-        [(200, exposition(10.0, 11.0, 1.0)), (200, exposition(17.5, 19.0, 1.5))]
-    ) as url:
+    readings = [(200, exposition(10.0, 11.0, 1.0, 30, 10)),
+                (200, exposition(17.5, 19.0, 1.5, 130, 70))]  # fmt: skip
+    with metrics_server(readings) as url:
         before, after = read_engine_seconds(url), read_engine_seconds(url)
-    assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0}
+    assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0,
+                      "draft_tokens": 30, "accepted_tokens": 10}  # fmt: skip
     shares = engine_time_shares(before, after, wall_s=10.0)
-    assert shares == pytest.approx({"execute": 0.75, "in_flight": 0.8, "scheduling": 0.05})
-    assert "model busy 75%" in format_shares(shares)
+    assert shares == pytest.approx({"execute": 0.75, "in_flight": 0.8, "scheduling": 0.05,
+                                    "draft_tokens": 100, "accepted_tokens": 60})  # fmt: skip
+    text = format_shares(shares)
+    assert "model busy 75%" in text and "drafts accepted 60 of 100 (60%)" in text
+    assert "drafts" not in format_shares({**shares, "draft_tokens": 0, "accepted_tokens": 0})
 
 
 @pytest.mark.parametrize(
