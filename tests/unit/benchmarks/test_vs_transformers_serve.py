@@ -115,6 +115,12 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
         run["engine_time"].update(draft_tokens=drafts, accepted_tokens=accepted)
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "speculative drafts accepted: 40 of 90 / 120 of 300" in text
+    for run, steal in zip(result["pagedserve"]["runs"], (0.03, 0.05), strict=True):
+        run.update(steal_share=steal, set_aside=[{"steal_share": 0.2}] if steal > 0.04 else [])
+    result["transformers_serve"]["runs"] = [{"steal_share": 0.01, "set_aside": []}] * 2
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "stolen by the hypervisor during the kept levels: 3% / 5% (pagedserve) / 1% / 1%" in text
+    assert "levels measured again for steal: 1 (pagedserve) / 0 (transformers serve)" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:
