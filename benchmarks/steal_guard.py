@@ -6,7 +6,8 @@ measured then ran on a slower machine, and since the two servers of a comparison
 after the other, a burst during one of them goes straight into their ratio. So each level is
 run again, with fresh words of the same lengths (a server's prefix cache holds none of them),
 while the stolen share of its CPU time is over `max_steal`, up to `max_attempts` runs. Both
-servers get the same rule; the attempts set aside are kept in the level's summary.
+servers get the same rule; the attempts set aside are kept in the level's summary. HF
+`generate`'s run goes through the same rule (`measure`), on the same requests.
 
     attempt 0: the level's own requests            -> kept if steal <= max_steal
     attempt k: fresh words, seed `seed + index + 1000 * k`   (the last attempt is kept anyway)
@@ -39,34 +40,35 @@ class StealGuard:
         seed = self.seed + index + SEED_STRIDE * attempt
         return Level(level.load, with_fresh_words(level.requests, self.tokenizer, seed), True)
 
-    def run_level(
-        self,
-        index: int,
-        level: Level,
-        run: Callable[[Level], dict[str, Any]],
-    ) -> dict[str, Any]:
-        """The summary of the first attempt whose stolen share is low enough (else the last),
-        with its `steal_share` and the `set_aside` attempts before it."""
+    def measure(self, run: Callable[[int], dict[str, Any]]) -> dict[str, Any]:
+        """`run(attempt)`'s summary for the first attempt whose stolen share is low enough
+        (else the last), with its `steal_share` and the `set_aside` attempts before it."""
         set_aside: list[dict[str, Any]] = []
-        attempt_level = level
         for attempt in range(self.max_attempts):
             before = self.ticks()
-            summary = run(attempt_level)
+            summary = run(attempt)
             summary["steal_share"] = stolen = steal_share(before, self.ticks())
             last = attempt == self.max_attempts - 1
             if stolen is None or stolen <= self.max_steal or last:
                 summary["set_aside"] = set_aside
                 return summary
             print(
-                f"the hypervisor took {100 * stolen:.0f}% of the CPU during that level (more "
-                f"than {100 * self.max_steal:.0f}%): measuring it again with fresh words",
+                f"the hypervisor took {100 * stolen:.0f}% of the CPU during that run (more "
+                f"than {100 * self.max_steal:.0f}%): measuring it again",
                 flush=True,
             )
             set_aside.append(
                 {"output_throughput": summary["output_throughput"], "steal_share": stolen}
             )
-            attempt_level = self.fresh(index, level, attempt + 1)
         raise AssertionError("unreachable: the last attempt is always kept")
+
+    def run_level(
+        self, index: int, level: Level, run: Callable[[Level], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """Level `index` through `measure`, each attempt after the first with fresh words."""
+        return self.measure(
+            lambda attempt: run(level if attempt == 0 else self.fresh(index, level, attempt))
+        )
 
 
 def run_guarded_levels(

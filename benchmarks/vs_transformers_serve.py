@@ -195,6 +195,13 @@ def _steal_lines(result: dict[str, Any]) -> list[str]:
     ]
 
 
+def _hf_steal(hf: dict[str, Any]) -> str:
+    if hf.get("steal_share") is None:
+        return ""
+    again = len(hf.get("set_aside", []))
+    return f" ({100 * hf['steal_share']:.0f}% of the CPU stolen; runs set aside: {again})"
+
+
 def _engine_busy(runs: list[dict[str, Any]]) -> str:
     """How busy pagedserve kept its model at each level (services/cli/loadgen/engine_time.py)."""
     shares = [(r["max_concurrency"], r.get("engine_time")) for r in runs]
@@ -244,7 +251,8 @@ def report_section(result: dict[str, Any]) -> list[str]:
         lines.append(
             f"HF generate (static batches of {hf['batch_size']}): "
             f"{hf['output_throughput']:.1f} tok/s, {100 * hf['flop_fraction']:.0f}% of the FLOP "
-            f"limit; **best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x**"
+            f"limit{_hf_steal(hf)}; **best pagedserve level / HF generate: "
+            f"{result['speedup_vs_hf']:.2f}x**"
         )
     return lines
 
@@ -343,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_comparison(rows, check), flush=True)
     save(result, Path(args.out))  # the servers' comparison survives a failed HF run
     if args.hf_batch_sizes:
-        result["hf_generate"] = hf = run_hf(args, requests, model_dir)
+        result["hf_generate"] = hf = guard.measure(lambda _: run_hf(args, requests, model_dir))
         best = max(r["output_throughput"] for r in ours["runs"])
         result["speedup_vs_hf"] = best / hf["output_throughput"]
         hf["flop_fraction"] = fraction_of_flop_limit(flops, hf["duration_s"], rate["flops_per_s"])

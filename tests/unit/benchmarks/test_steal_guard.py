@@ -70,3 +70,13 @@ def test_without_a_guard_each_level_runs_once() -> None:
     with fake_openai_server() as server:
         runs = run_guarded_levels(EndpointConfig(server.base_url, "m"), levels, None)
     assert len(runs) == 1 and "set_aside" not in runs[0]
+
+
+def test_any_run_goes_through_the_same_rule() -> None:
+    """HF generate's run: the same requests again while too much was stolen."""
+    ticks = scripted_ticks([0.5, 0.01])
+    guard = StealGuard(FakeTokenizer(), seed=1, ticks=lambda: next(ticks))
+    attempts: list[int] = []
+    result = guard.measure(lambda attempt: attempts.append(attempt) or {"output_throughput": 9.0})
+    assert attempts == [0, 1] and result["steal_share"] == 0.01
+    assert result["set_aside"] == [{"output_throughput": 9.0, "steal_share": 0.5}]

@@ -121,6 +121,10 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "stolen by the hypervisor during the kept levels: 3% / 5% (pagedserve) / 1% / 1%" in text
     assert "levels measured again for steal: 1 (pagedserve) / 0 (transformers serve)" in text
+    assert "CPU stolen" not in text.split("HF generate")[1]  # results before HF's guard
+    result["hf_generate"].update(steal_share=0.06, set_aside=[{"steal_share": 0.25}])
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "7% of the FLOP limit (6% of the CPU stolen; runs set aside: 1)" in text
 
 
 def test_workload_args_carry_the_suites_workload() -> None:
