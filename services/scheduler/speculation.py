@@ -12,14 +12,12 @@ where one token per step would mask them (benchmark clients send `min_tokens` eq
 `max_tokens` with `ignore_eos`: had they no drafts, speculation would never run there).
 
 Steps that run more than `speculative_max_num_seqs` sequences get none: on a CPU every row
-of a step costs a pass of arithmetic over all the weights, so drafts pay only while a step
-is bound by reading the weights, up to a few dozen sequences. The default, 32, was measured
-against 8 on the 48-request benchmark: in-process with every request at once (2 threads,
-K = 3) AVX2 fp32 took 43-48 s against 58-76, bf16 16.8 s against 24-25 (64: 18.7); through
-the service (benchmarks/results/vs_transformers_serve_t2) AVX2 fp32 made 78.4 / 86.2 tok/s at
-16 / 64 in flight against 70.8 / 82.4, and bf16 136.6 / 163.2 against 123.9 / 142.5. The
-service runs gained only once drafts were kept out of steps that also prefill (the scheduler's
-`_may_speculate`): beside arriving prompts, drafts took the step's token budget from them.
+of a step costs a pass of arithmetic over all the weights, so drafts pay only while most of
+them are accepted or the step is bound by reading the weights. The default, 32, was measured
+against 8 on the 48-request benchmark in-process with every request at once (2 threads,
+K = 3): AVX2 fp32 took 43-48 s against 58-76, bf16 16.8 s against 24-25 (64: 18.7). (Service
+runs before drafts were allowed under `min_tokens` drafted nothing, whatever they were set
+to: their differences were the VM's.)
 """
 
 from __future__ import annotations
