@@ -5,7 +5,9 @@
 # on 2 cores.
 #   ISA=avx2   run every system as on an AVX2-only CPU (no AVX-512, no native bf16: float32)
 #   ONLY=tf    only step 4, pagedserve vs `transformers serve --continuous-batching` and HF
-#              generate (~15 min on 2 cores with the default 48 prompts; TF_PROMPTS=16 for ~5)
+#              generate (~15 min on 2 cores with the default 48 prompts; TF_PROMPTS=16 for ~5;
+#              a level or HF run during which the hypervisor stole > 10% of the CPU is measured
+#              again, up to 3 times: benchmarks/steal_guard.py)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
