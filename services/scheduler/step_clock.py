@@ -1,8 +1,10 @@
 """Where an engine's steps spend their time, as running totals: the worker computing, the link
 carrying plans and results, and the scheduler's own work between two steps.
 
-    one step:  schedule ... publish | worker executes | result in ... update_from_output
-               |---- scheduling ----|---- in flight (execute + transport) ----|- scheduling -|
+    one step:  intake, schedule | publish, worker executes | result in ... update_from_output
+               |-- scheduling ----|---- in flight (execute + transport) ----|-- scheduling --|
+
+(the second scheduling part also waits for whatever Redis I/O of the step is still running)
 
 `worker_execute_s` is rank 0's own measure of `execute` (StepResult.execute_time_s);
 `in_flight_s - worker_execute_s` is the link and the wake-ups on both sides. The worker is idle
@@ -19,8 +21,7 @@ from dataclasses import dataclass
 
 @dataclass(slots=True)
 class StepClock:
-    steps: int = 0
-    scheduling_s: float = 0.0  # schedule() before publishing + update_from_output() after
+    scheduling_s: float = 0.0  # between steps: before publishing, and after the result
     in_flight_s: float = 0.0  # publish -> rank 0's result received
     worker_execute_s: float = 0.0  # rank 0's execute() time, summed over its results
 
@@ -36,7 +37,6 @@ class StepClock:
         now = time.perf_counter()
         self.in_flight_s += now - published
         self.worker_execute_s += execute_time_s
-        self.steps += 1
         return now
 
     def updated(self, received: float) -> None:
