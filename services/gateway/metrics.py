@@ -42,6 +42,25 @@ def buckets_1_2_5(limit: int) -> tuple[int, ...]:
         scale *= 10
 
 
+# Engine totals summed over the live engines: metric name -> (help, EngineStatus field)
+ENGINE_COUNTERS = {
+    "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache",
+                                  "prefix_cache_queries"),
+    "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache", "prefix_cache_hits"),
+    "vllm:num_preemptions": ("Preemptions", "num_preemptions"),
+    "vllm:spec_decode_num_drafts": ("Sequence-steps with speculative drafts", "spec_num_drafts"),
+    "vllm:spec_decode_num_draft_tokens": ("Draft tokens checked", "spec_num_draft_tokens"),
+    "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted",
+                                             "spec_num_accepted_tokens"),
+    "pagedserve:worker_execute_seconds": ("Seconds the model computed steps (rank 0)",
+                                          "worker_execute_s"),
+    "pagedserve:step_in_flight_seconds": ("Seconds from each plan out to its result in",
+                                          "step_in_flight_s"),
+    "pagedserve:scheduling_seconds": ("Seconds the schedulers worked between steps",
+                                      "scheduling_s"),
+}  # fmt: skip
+
+
 class EngineStatusCollector(Collector):
     """Engine-side numbers, from the status records fetched just before a scrape."""
 
@@ -66,28 +85,9 @@ class EngineStatusCollector(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=labels)
             gauge.add_metric(values, value)
             yield gauge
-        counters = {
-            "vllm:prefix_cache_queries": ("Prompt tokens looked up in the prefix cache",
-                                          sum(x.prefix_cache_queries for x in s)),
-            "vllm:prefix_cache_hits": ("Prompt tokens found in the prefix cache",
-                                       sum(x.prefix_cache_hits for x in s)),
-            "vllm:num_preemptions": ("Preemptions", sum(x.num_preemptions for x in s)),
-            "vllm:spec_decode_num_drafts": ("Sequence-steps with speculative drafts",
-                                            sum(x.spec_num_drafts for x in s)),
-            "vllm:spec_decode_num_draft_tokens": ("Draft tokens checked",
-                                                  sum(x.spec_num_draft_tokens for x in s)),
-            "vllm:spec_decode_num_accepted_tokens": ("Draft tokens accepted",
-                                                     sum(x.spec_num_accepted_tokens for x in s)),
-            "pagedserve:worker_execute_seconds": ("Seconds the model computed steps (rank 0)",
-                                                  sum(x.worker_execute_s for x in s)),
-            "pagedserve:step_in_flight_seconds": ("Seconds from each plan out to its result in",
-                                                  sum(x.step_in_flight_s for x in s)),
-            "pagedserve:scheduling_seconds": ("Seconds the schedulers worked between steps",
-                                              sum(x.scheduling_s for x in s)),
-        }  # fmt: skip
-        for name, (doc, value) in counters.items():
+        for name, (doc, field) in ENGINE_COUNTERS.items():
             counter = CounterMetricFamily(name, doc, labels=labels)
-            counter.add_metric(values, value)
+            counter.add_metric(values, sum(getattr(x, field) for x in s))
             yield counter
         yield self._iteration_tokens(labels, values)
         yield self._cache_config_info()

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import httpx
 
+from services.cli.loadgen.sse_client import EndpointConfig
 from services.cli.loadgen.status_sampler import parse_prometheus_gauges
 
 COUNTERS = {
@@ -25,10 +26,11 @@ COUNTERS = {
 SECONDS = ("execute", "in_flight", "scheduling")
 
 
-def read_engine_seconds(metrics_url: str) -> dict[str, float] | None:
-    """The counters now, or None where the server does not expose them."""
+def read_engine_seconds(endpoint: EndpointConfig) -> dict[str, float] | None:
+    """The counters now, or None where the server does not expose them (the endpoint's key
+    goes along: a gateway may run with --metrics-require-key)."""
     try:
-        response = httpx.get(metrics_url, timeout=10.0)
+        response = httpx.get(endpoint.root + "/metrics", headers=endpoint.headers, timeout=10.0)
     except httpx.HTTPError:
         return None
     if response.status_code != 200:

@@ -115,7 +115,7 @@ def _record_json(record: RequestRecord) -> dict[str, Any]:
 
 async def wait_until_ready(endpoint: EndpointConfig, timeout_s: float = 120.0) -> None:
     """Poll `/health` (falling back to `/v1/models`) until the server answers 200."""
-    root = endpoint.base_url.rstrip("/").removesuffix("/v1")
+    root = endpoint.root
     deadline = time.monotonic() + timeout_s
     last = "no answer"
     async with httpx.AsyncClient(timeout=5.0) as client:
@@ -190,14 +190,13 @@ def run_levels(
 ) -> list[dict[str, Any]]:
     """One run per load level, in order, printing a line after each. Against pagedserve each
     summary also says how busy the engine kept its model (`engine_time.py`)."""
-    metrics_url = endpoint.base_url.rstrip("/").removesuffix("/v1") + "/metrics"
     runs = []
     for level in levels:
         if not level.fresh_prompts:
             print(f"note: {REPEATED_PROMPTS_NOTE}", flush=True)
-        before = read_engine_seconds(metrics_url)
+        before = read_engine_seconds(endpoint)
         summary = asyncio.run(run_load(endpoint, level.requests, level.load, sampler))
-        after = read_engine_seconds(metrics_url)
+        after = read_engine_seconds(endpoint)
         summary["engine_time"] = engine_time_shares(before, after, summary["duration_s"])
         summary["fresh_prompts"] = level.fresh_prompts
         if not level.fresh_prompts:

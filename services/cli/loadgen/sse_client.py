@@ -39,10 +39,14 @@ class EndpointConfig:
             raise ValueError(f"endpoint must be 'completions' or 'chat', got {self.endpoint!r}")
 
     @property
+    def root(self) -> str:
+        """The server's address without a trailing `/v1`: where /health and /metrics are."""
+        return self.base_url.rstrip("/").removesuffix("/v1")
+
+    @property
     def url(self) -> str:
-        root = self.base_url.rstrip("/").removesuffix("/v1")
         path = "/v1/completions" if self.endpoint == "completions" else "/v1/chat/completions"
-        return root + path
+        return self.root + path
 
     @property
     def headers(self) -> dict[str, str]:

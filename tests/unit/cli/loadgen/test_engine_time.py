@@ -15,6 +15,7 @@ from services.cli.loadgen.engine_time import (
     format_shares,
     read_engine_seconds,
 )
+from services.cli.loadgen.sse_client import EndpointConfig
 
 LABELS = '{model_name="m"}'
 
@@ -34,11 +35,16 @@ def exposition(
 
 
 @contextmanager
-def metrics_server(bodies: list[tuple[int, str]]) -> Iterator[str]:
-    """Serves `bodies` in order, one per GET, then the last one again."""
+def metrics_server(
+    bodies: list[tuple[int, str]], seen: list[tuple[str, str | None]] | None = None
+) -> Iterator[EndpointConfig]:
+    """Serves `bodies` in order, one per GET, then the last one again; each GET's path and
+    Authorization header go to `seen`. The endpoint carries an API key."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if seen is not None:
+                seen.append((self.path, self.headers.get("Authorization")))
             status, body = bodies.pop(0) if len(bodies) > 1 else bodies[0]
             self.send_response(status)
             self.end_headers()
@@ -51,7 +57,7 @@ def metrics_server(bodies: list[tuple[int, str]]) -> Iterator[str]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/metrics"
+        yield EndpointConfig(f"http://127.0.0.1:{server.server_address[1]}/v1", "m", api_key="k")
     finally:
         server.shutdown()
         server.server_close()
@@ -60,8 +66,10 @@ def metrics_server(bodies: list[tuple[int, str]]) -> Iterator[str]:
 def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
     readings = [(200, exposition(10.0, 11.0, 1.0, 30, 10)),
                 (200, exposition(17.5, 19.0, 1.5, 130, 70))]  # fmt: skip
-    with metrics_server(readings) as url:
-        before, after = read_engine_seconds(url), read_engine_seconds(url)
+    seen: list[tuple[str, str | None]] = []
+    with metrics_server(readings, seen) as endpoint:
+        before, after = read_engine_seconds(endpoint), read_engine_seconds(endpoint)
+    assert seen == [("/metrics", "Bearer k")] * 2  # a gateway may require its key on /metrics
     assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0,
                       "draft_tokens": 30, "accepted_tokens": 10}  # fmt: skip
     shares = engine_time_shares(before, after, wall_s=10.0)
@@ -78,13 +86,13 @@ def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
     ids=["no-metrics-endpoint", "no-step-counters"],
 )
 def test_a_server_without_the_counters_gives_none(status: int, body: str) -> None:
-    with metrics_server([(status, body)]) as url:
-        assert read_engine_seconds(url) is None
+    with metrics_server([(status, body)]) as endpoint:
+        assert read_engine_seconds(endpoint) is None
     assert engine_time_shares(None, {"execute": 1.0}, 1.0) is None
     assert format_shares(None) == ""
 
 
 def test_an_unreachable_server_gives_none() -> None:
-    with metrics_server([(200, "")]) as url:
+    with metrics_server([(200, "")]) as endpoint:
         pass  # closed: nothing listens on its port any more
-    assert read_engine_seconds(url) is None
+    assert read_engine_seconds(endpoint) is None
