@@ -52,8 +52,8 @@ def test_the_kernel_builds_here():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
     ("num_heads", "num_kv_heads", "head_dim", "block_size"),
-    [(9, 3, 64, 8), (8, 8, 128, 16), (4, 1, 16, 4), (6, 2, 8, 1)],
-    ids=["smollm2", "mha-128", "mqa", "block-1"],
+    [(9, 3, 64, 8), (8, 8, 128, 16), (4, 1, 16, 4), (6, 2, 8, 1), (5, 1, 40, 4)],
+    ids=["smollm2", "mha-128", "mqa", "block-1", "odd-group-head-40"],
 )
 def test_decode_matches_reference(dtype, num_heads, num_kv_heads, head_dim, block_size):
     # lengths of 1, at and around block boundaries, and past one 8-key tile

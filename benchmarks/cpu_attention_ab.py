@@ -1,0 +1,123 @@
+"""The CPU paged attention kernel (`kernels/cpu_paged_attention.c`) of this tree against the
+same kernel at another git revision, call for call on the same inputs, in one process.
+
+    python -m benchmarks.cpu_attention_ab                 # against HEAD
+    python -m benchmarks.cpu_attention_ab --base HEAD~3 --threads 2
+
+The two libraries take turns on each case (so a busy machine slows both alike); each line
+gives both medians, their ratio, and whether the outputs are bit-identical. Cases are decode
+and speculative-verification shapes of SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64,
+blocks of 16) at the sequence counts and contexts of the performance suite's workload. Run it
+with `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` to build and time the AVX2 code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from kernels import cpu_build, cpu_paged_attention
+
+NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
+# (sequences, typical context, new tokens per sequence)
+CASES = [(1, 176, 1), (16, 176, 1), (16, 176, 4), (32, 300, 4), (64, 300, 1)]
+
+
+def build_at_revision(revision: str, directory: Path) -> Path:
+    """The kernel's source (and its headers) as of `revision`, built into `directory`."""
+    for name in ("cpu_paged_attention.c", "cpu_bf16.h"):
+        text = subprocess.run(
+            ["git", "show", f"{revision}:kernels/{name}"],
+            capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        (directory / name).write_text(text)
+    return cpu_build.build(directory / "cpu_paged_attention.c", directory)
+
+
+def make_case(num_seqs: int, context: int, new_tokens: int, dtype: torch.dtype, seed: int = 0):
+    """A paged cache with shuffled blocks and contexts spread around `context`."""
+    generator = torch.Generator().manual_seed(seed)
+    max_len = context + context // 2
+    blocks_per_seq = -(-max_len // BLOCK_SIZE)
+    num_blocks = num_seqs * blocks_per_seq
+    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.randn(shape, generator=generator).to(dtype)
+    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    tables = torch.randperm(num_blocks, generator=generator).to(torch.int32)
+    lens = torch.randint(context // 2, max_len, (num_seqs,), generator=generator)
+    starts = torch.arange(num_seqs + 1, dtype=torch.int32) * new_tokens
+    query = torch.randn(num_seqs * new_tokens, NUM_HEADS, HEAD_DIM, generator=generator)
+    step = cpu_paged_attention.prepare(
+        tables.view(num_seqs, blocks_per_seq), lens.to(torch.int32), starts
+    )
+    return step, query.to(dtype), k_cache, v_cache
+
+
+def call(library: ctypes.CDLL, step, query, k_cache, v_cache, out) -> None:
+    tables, max_blocks, lens, starts, seqs, num_seqs = step.args
+    status = library.paged_attention(
+        out.data_ptr(), query.data_ptr(), query.stride(0), k_cache.data_ptr(),
+        v_cache.data_ptr(), tables, max_blocks, lens, starts, seqs, num_seqs, NUM_HEADS,
+        NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, HEAD_DIM**-0.5, int(query.dtype == torch.bfloat16),
+    )  # fmt: skip
+    if status != 0:
+        raise MemoryError("the kernel could not allocate its scratch memory")
+
+
+def time_pair(base, head, case, repeats: int) -> tuple[float, float, bool]:
+    """Median seconds a call of each library, alternating; and whether they agree bitwise."""
+    step, query, k_cache, v_cache = case
+    out_base, out_head = torch.empty_like(query), torch.empty_like(query)
+    call(base, step, query, k_cache, v_cache, out_base)
+    call(head, step, query, k_cache, v_cache, out_head)
+    identical = torch.equal(out_base, out_head)
+    times: dict[str, list[float]] = {"base": [], "head": []}
+    for _ in range(repeats):
+        for name, library, out in (("base", base, out_base), ("head", head, out_head)):
+            start = time.perf_counter()
+            call(library, step, query, k_cache, v_cache, out)
+            times[name].append(time.perf_counter() - start)
+    return statistics.median(times["base"]), statistics.median(times["head"]), identical
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--base", default="HEAD", help="git revision to compare against")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=60)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    head = cpu_paged_attention.load()
+    if head is None:
+        print("this tree's kernel does not build here", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as directory:
+        base = ctypes.CDLL(str(build_at_revision(args.base, Path(directory))))
+    base.paged_attention.restype = ctypes.c_int
+    base.paged_attention.argtypes = head.paged_attention.argtypes
+    print(f"base {args.base}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}")
+    print("| seqs | context | new | dtype | base us | this tree us | speed-up | identical |")
+    print("|---|---|---|---|---|---|---|---|")
+    for num_seqs, context, new_tokens in CASES:
+        for dtype in (torch.float32, torch.bfloat16):
+            case = make_case(num_seqs, context, new_tokens, dtype)
+            base_s, head_s, identical = time_pair(base, head, case, args.repeats)
+            print(
+                f"| {num_seqs} | ~{context} | {new_tokens} | {str(dtype).removeprefix('torch.')} "
+                f"| {base_s * 1e6:.0f} | {head_s * 1e6:.0f} | {base_s / head_s:.2f}x "
+                f"| {identical} |",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
