@@ -8,6 +8,8 @@
 #              generate (~15 min on 2 cores with the default 48 prompts; TF_PROMPTS=16 for ~5;
 #              a level or HF run during which the hypervisor stole > 10% of the CPU is measured
 #              again, up to 3 times: benchmarks/steal_guard.py)
+#   ROUNDS=N   alternate pagedserve and transformers serve N times; each level reports each
+#              server's median round (benchmarks/server_rounds.py; N x ~8 min in AVX2 fp32)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -41,6 +43,6 @@ fi
 $PY -m benchmarks.vs_transformers_serve --num-prompts "${TF_PROMPTS:-48}" --seed 0 \
   --threads "$THREADS" --concurrency 16,64 --num-check "${TF_CHECK:-16}" --hf-batch-sizes 16 \
   --num-speculative-tokens "${SPEC_TOKENS:-0}" --speculative-max-num-seqs "${SPEC_MAX_SEQS:-32}" \
-  --out "$OUT/vs_transformers_serve"
+  --rounds "${ROUNDS:-1}" --out "$OUT/vs_transformers_serve"
 uptime | tee -a "$OUT/load.txt"
 $PY -m benchmarks.report_writer --dir "$OUT" > "$OUT/performance.md"

@@ -3,9 +3,11 @@
 
 Each server is started here, warmed up with requests of the measured fields (fresh words, so
 no measured prompt is in a prefix cache), run at every concurrency level in turn and stopped
-before the next one starts, so that each has the machine to itself. Every level sends the same
-requests to both servers (a fresh-word copy per level, so that our prefix cache helps no
-level). Greedy texts of the first `--num-check` requests are compared across servers.
+before the next one starts, so that each has the machine to itself; with `--rounds N` the two
+alternate N times and each level reports each server's median round (`server_rounds.py`).
+Every level sends the same requests to both servers (a fresh-word copy per level, so that our
+prefix cache helps no level). Greedy texts of the first `--num-check` requests are compared
+across servers.
 
 The CPU's ISA (lscpu flags, torch's kernel capability, ONEDNN_MAX_CPU_ISA /
 ATEN_CPU_CAPABILITY as set for the run) and the load average are recorded with the result.
@@ -32,6 +34,7 @@ from benchmarks.e2e_flops import (
 )
 from benchmarks.greedy_check import check_summary, greedy_texts
 from benchmarks.machine_info import cpu_ticks, machine_info, steal_share
+from benchmarks.server_rounds import format_rounds, merge_rounds, rounds_summary
 from benchmarks.steal_guard import StealGuard, run_guarded_levels
 from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
 from services.cli.loadgen.runner import (
@@ -242,6 +245,9 @@ def report_section(result: dict[str, Any]) -> list[str]:
         "",
         format_comparison(result["comparison"], result["greedy_check"]),
     ]
+    rounds = format_rounds(result.get("rounds", []))
+    if rounds:
+        lines.append(rounds)
     lines.extend(_steal_lines(result))
     busy = _engine_busy(result.get("pagedserve", {}).get("runs", []))
     if busy:
@@ -292,6 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure a level again while the hypervisor took more than this share of the CPU",
     )
     add("--max-attempts", type=int, default=3, help="runs of a level at most (steal)")
+    add(
+        "--rounds",
+        type=int,
+        default=1,
+        help="alternate the servers this many times; each level reports its median round",
+    )
     add("--startup-timeout", type=float, default=600.0, help="seconds for each server to start")
     add("--out", default="benchmarks/results/vs_transformers_serve")
     return p
@@ -341,10 +353,10 @@ def main(argv: list[str] | None = None) -> int:
         "workload": workload_summary(requests),
         "workload_flops": flops,
     }
-    result["pagedserve"] = ours = run_pagedserve(args, model_dir, *plan)
-    rates.append(measured_rate(args.dtype_resolved, args.threads))
-    result["transformers_serve"] = theirs = run_transformers(args, model_dir, *plan)
-    rates.append(measured_rate(args.dtype_resolved, args.threads))
+    ours_rounds, theirs_rounds = alternate_servers(args, model_dir, plan, rates)
+    result["rounds"] = rounds_summary(ours_rounds, theirs_rounds)
+    result["pagedserve"] = ours = merge_rounds(ours_rounds)
+    result["transformers_serve"] = theirs = merge_rounds(theirs_rounds)
     result["matmul_rate"] = rate = best_rate(rates)
     result["comparison"] = rows = compare(ours, theirs, flops, rate["flops_per_s"])
     result["greedy_check"] = check = check_summary(ours.pop("texts"), theirs.pop("texts"))
@@ -359,6 +371,23 @@ def main(argv: list[str] | None = None) -> int:
         save(result, Path(args.out))
     failed = any(r["num_failed"] for s in (ours, theirs) for r in s["runs"])
     return 1 if failed or check["mismatches"] else 0
+
+
+def alternate_servers(
+    args: argparse.Namespace, model_dir: Path, plan: tuple, rates: list[dict[str, Any]]
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`args.rounds` rounds of pagedserve then transformers serve (`server_rounds.py`), the
+    matmul rate measured after each server; greedy texts are checked in the first round."""
+    ours, theirs = [], []
+    for index in range(args.rounds):
+        round_plan = plan if index == 0 else (*plan[:2], [], *plan[3:])
+        if args.rounds > 1:
+            print(f"round {index + 1} of {args.rounds}", flush=True)
+        ours.append(run_pagedserve(args, model_dir, *round_plan))
+        rates.append(measured_rate(args.dtype_resolved, args.threads))
+        theirs.append(run_transformers(args, model_dir, *round_plan))
+        rates.append(measured_rate(args.dtype_resolved, args.threads))
+    return ours, theirs
 
 
 def save(result: dict[str, Any], out: Path) -> None:

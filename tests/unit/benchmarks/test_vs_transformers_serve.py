@@ -153,3 +153,28 @@ def test_saved_result_is_a_section_of_the_performance_report(tmp_path: Path) -> 
     assert "| 64 | 90.0 | 30.0 | 3.00x | 30 / 10 |" in report
     assert "greedy texts identical: 3/4" in report
     assert (tmp_path / "vs_transformers_serve.md").read_text() in report
+
+
+def test_rounds_alternate_the_servers_and_check_texts_once(monkeypatch) -> None:
+    import benchmarks.vs_transformers_serve as vs
+
+    order, checks = [], []
+
+    def fake(name: str, tok_s: float):
+        def run(args, model_dir, levels, warmup, check, guard):
+            order.append(name)
+            checks.append(len(check))
+            return {"runs": [_run(16, tok_s + len(order), 1.0, 1.0)], "texts": ["t"] * len(check)}
+
+        return run
+
+    monkeypatch.setattr(vs, "run_pagedserve", fake("ours", 90.0))
+    monkeypatch.setattr(vs, "run_transformers", fake("theirs", 30.0))
+    monkeypatch.setattr(vs, "measured_rate", lambda dtype, threads: {"flops_per_s": 1.0})
+    args = build_parser().parse_args(["--rounds", "3"])
+    args.dtype_resolved = "float32"
+    rates: list = []
+    ours, theirs = vs.alternate_servers(args, Path("m"), ([], [], [1, 2], None), rates)
+    assert order == ["ours", "theirs"] * 3 and len(rates) == 6 and len(theirs) == 3
+    assert checks == [2, 2, 0, 0, 0, 0]  # greedy texts in the first round only
+    assert [r["runs"][0]["output_throughput"] for r in ours] == [91.0, 93.0, 95.0]
