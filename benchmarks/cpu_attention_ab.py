@@ -32,13 +32,16 @@ CASES = [(1, 176, 1), (16, 176, 1), (16, 176, 4), (32, 300, 4), (64, 300, 1)]
 
 
 def build_at_revision(revision: str, directory: Path) -> Path:
-    """The kernel's source (and its headers) as of `revision`, built into `directory`."""
+    """The kernel's source (and its header, where that revision has one) as of `revision`,
+    built into `directory`. Raises ValueError when `revision` has no such kernel."""
     for name in ("cpu_paged_attention.c", "cpu_bf16.h"):
-        text = subprocess.run(
-            ["git", "show", f"{revision}:kernels/{name}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        (directory / name).write_text(text)
+        shown = subprocess.run(
+            ["git", "show", f"{revision}:kernels/{name}"], capture_output=True, text=True
+        )
+        if shown.returncode != 0 and name.endswith(".c"):
+            raise ValueError(f"no kernels/{name} at {revision!r}: {shown.stderr.strip()}")
+        if shown.returncode == 0:
+            (directory / name).write_text(shown.stdout)
     return cpu_build.build(directory / "cpu_paged_attention.c", directory)
 
 
@@ -100,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
         print("this tree's kernel does not build here", file=sys.stderr)
         return 2
     with tempfile.TemporaryDirectory() as directory:
-        base = ctypes.CDLL(str(build_at_revision(args.base, Path(directory))))
+        try:
+            base = ctypes.CDLL(str(build_at_revision(args.base, Path(directory))))
+        except (ValueError, cpu_build.KernelBuildError) as exc:
+            print(exc, file=sys.stderr)
+            return 2
     base.paged_attention.restype = ctypes.c_int
     base.paged_attention.argtypes = head.paged_attention.argtypes
     print(f"base {args.base}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}")

@@ -137,10 +137,11 @@ static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
     }
 }
 
-/* scores[r * stride + t] = scale * <query r, key t> for t in [0, seq_len), 8 keys at a time. */
+/* scores[r * stride + t] = scale * <query r, key t> for t in [0, seq_len), 8 keys at a time;
+ * the K and V rows PREFETCH_TILES tiles ahead are prefetched (V for weigh_values). */
 static void score_keys(float *scores, int64_t stride, const float *queries, int64_t rows,
-                       const void *k_cache, const void *v_cache, const int64_t *offsets, int64_t seq_len, int64_t d,
-                       float scale, int is_bf16, float *tile) {
+                       const void *k_cache, const void *v_cache, const int64_t *offsets,
+                       int64_t seq_len, int64_t d, float scale, int is_bf16, float *tile) {
     const int64_t elem = is_bf16 ? 2 : 4;
     for (int64_t t0 = 0; t0 < seq_len; t0 += TILE) {
         const float *key[TILE];
@@ -289,7 +290,8 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             widen_row(queries + (j * group + g) * d, src, d, is_bf16);
         }
     row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
-    score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale, is_bf16, tile);
+    score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
+               is_bf16, tile);
     softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
     weigh_values(acc, scores, stride, rows, v_cache, offsets, seq_len, d, is_bf16, rows_f,
                  (const float **)(offsets + seq_len));
