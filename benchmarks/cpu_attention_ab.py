@@ -65,14 +65,7 @@ def make_case(num_seqs: int, context: int, new_tokens: int, dtype: torch.dtype, 
 
 
 def call(library: ctypes.CDLL, step, query, k_cache, v_cache, out) -> None:
-    tables, max_blocks, lens, starts, seqs, num_seqs = step.args
-    status = library.paged_attention(
-        out.data_ptr(), query.data_ptr(), query.stride(0), k_cache.data_ptr(),
-        v_cache.data_ptr(), tables, max_blocks, lens, starts, seqs, num_seqs, NUM_HEADS,
-        NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, HEAD_DIM**-0.5, int(query.dtype == torch.bfloat16),
-    )  # fmt: skip
-    if status != 0:
-        raise MemoryError("the kernel could not allocate its scratch memory")
+    cpu_paged_attention.call_library(library, step, query, k_cache, v_cache, HEAD_DIM**-0.5, out)
 
 
 def time_pair(base, head, case, repeats: int) -> tuple[float, float, bool]:

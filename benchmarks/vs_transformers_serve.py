@@ -378,9 +378,10 @@ def alternate_servers(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`args.rounds` rounds of pagedserve then transformers serve (`server_rounds.py`), the
     matmul rate measured after each server; greedy texts are checked in the first round."""
+    levels, warmup, check, guard = plan
     ours, theirs = [], []
     for index in range(args.rounds):
-        round_plan = plan if index == 0 else (*plan[:2], [], *plan[3:])
+        round_plan = (levels, warmup, check if index == 0 else [], guard)
         if args.rounds > 1:
             print(f"round {index + 1} of {args.rounds}", flush=True)
         ours.append(run_pagedserve(args, model_dir, *round_plan))

@@ -118,7 +118,6 @@ def attend(
     if library is None:
         raise KernelBuildError("the CPU paged attention kernel is not available")
     num_tokens, num_heads, head_dim = query.shape
-    _, block_size, num_kv_heads, _ = k_cache.shape
     if query.stride(2) != 1 or query.stride(1) != head_dim:
         query = query.contiguous()
     for name, tensor in (("k_cache", k_cache), ("v_cache", v_cache)):
@@ -128,6 +127,23 @@ def attend(
         out = torch.empty(num_tokens, num_heads, head_dim, dtype=query.dtype)
     elif out.shape != query.shape or out.dtype != query.dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {query.dtype} tensor of shape {query.shape}")
+    call_library(library, step, query, k_cache, v_cache, scale, out)
+    return out
+
+
+def call_library(
+    library: ctypes.CDLL,
+    step: PreparedStep,
+    query: torch.Tensor,  # [T, Hq, D], rows of heads contiguous
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D], contiguous
+    v_cache: torch.Tensor,
+    scale: float,
+    out: torch.Tensor,  # [T, Hq, D], contiguous
+) -> None:
+    """The C call itself, on arguments `attend` has checked (a benchmark passes another build
+    of the kernel as `library`)."""
+    _, num_heads, head_dim = query.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     tables, max_blocks, lens, starts, seqs, num_seqs = step.args
     status = library.paged_attention(
         out.data_ptr(), query.data_ptr(), query.stride(0), k_cache.data_ptr(),
@@ -136,7 +152,6 @@ def attend(
     )  # fmt: skip
     if status != 0:
         raise MemoryError("the CPU paged attention kernel could not allocate its scratch memory")
-    return out
 
 
 def paged_attention(
