@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from benchmarks.e2e_flops import model_dims
 from benchmarks.machine_info import machine_info
-from kernels import cpu_small_gemm
+from kernels import cpu_small_gemm, cpu_small_sgemm
 from services.gpu_worker.layers.cpu_prepack import MKL_PACK_ROWS
 
 Product = Callable[[torch.Tensor], torch.Tensor]
@@ -48,10 +48,14 @@ def products(weight: torch.Tensor) -> dict[str, Product]:
     """Every path the worker can multiply this weight by, named."""
     if weight.dtype == torch.float32:
         mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight, MKL_PACK_ROWS)
-        return {
+        fp32_paths: dict[str, Product] = {
             "F.linear": lambda x: F.linear(x, weight),
             "MKL packed": lambda x: torch.ops.mkl._mkl_linear(x, mkl, weight, None, x.shape[0]),
         }
+        if cpu_small_sgemm.available():
+            sgemm_panels = cpu_small_sgemm.pack(weight)
+            fp32_paths["ours"] = lambda x: cpu_small_sgemm.linear(x, sgemm_panels, weight.shape[0])
+        return fp32_paths
     onednn = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
     paths: dict[str, Product] = {
         "F.linear": lambda x: F.linear(x, weight),

@@ -6,14 +6,25 @@ multiplies it, so that no decode step re-packs it.
   product. Packed once the product is bit-identical, and measured (one thread, AVX512-BF16)
   on SmolLM2's shapes: gate/up 576x3072 at 1 row 146 -> 72 us, the LM head at 1 row 6.3 ->
   3.1 ms, 8-20% less at 64 rows. This is what PyTorch's inductor does when it freezes a model.
-- fp32 (MKL). `F.linear` calls MKL's sgemm, which copies ("packs") the weight into its tile
-  layout on every call: for a few rows against a large weight that copy is most of the work,
-  and 2 rows cost as much as two one-row products. MKL's packed API (`cblas_sgemm_pack` once,
-  `cblas_sgemm_compute` per call, reached through `mkl._mkl_linear`) skips it. SmolLM2's 121
-  linears in a row, weights in DRAM as in a decode step, 2 threads, AVX2 caps: 2 rows 56 ->
-  34 ms, 4 rows 64 -> 34, 8 rows 65 -> 39, 16 rows 83 -> 56, 48 rows 144 -> 120, 128 rows
-  353 -> 298; on AVX-512 4-64 rows 1.4-1.9x faster. One row stays with `F.linear` (a gemv,
-  which packs nothing and is 5% faster).
+- fp32, any row count (CPUs with AVX2 and FMA). `kernels/cpu_small_sgemm.c` streams each
+  weight once, in panels packed at load time, while up to 6 rows (12 with AVX-512) accumulate
+  in registers: memory-bound at a few rows, near the multiply-add peak at a few dozen. On a
+  2-core AMD EPYC (Zen 4), SmolLM2's 121 linears and LM head, AVX2 caps, F.linear / MKL
+  packed / the kernel: 1 row 49 / 33 / 18 ms, 4 rows 69 / 64 / 17, 16 rows 71 / 84 / 30, 64
+  rows 191 / 185 / 95, 128 rows 308 / 297 / 185, 512 rows 1005 / 1015 / 894: MKL's sgemm
+  runs at about half the machine's peak on AMD CPUs. Every output is one fused multiply-add
+  chain over k, so a row's product does not depend on the rows batched with it. On Intel CPUs
+  MKL takes products of more than `SGEMM_MAX_ROWS_BESIDE_MKL` rows (its large-matrix blocking
+  there is at least as good); elsewhere the kernel takes every row count, and no MKL copy is
+  kept.
+- fp32 (MKL), where the kernel is not built or on Intel CPUs past its rows. `F.linear` calls
+  MKL's sgemm, which copies ("packs") the weight into its tile layout on every call: for a
+  few rows against a large weight that copy is most of the work. MKL's packed API
+  (`cblas_sgemm_pack` once, `cblas_sgemm_compute` per call, reached through
+  `mkl._mkl_linear`) skips it. SmolLM2's 121 linears in a row, weights in DRAM as in a decode
+  step, 2 threads, Intel Xeon, AVX2 caps: 2 rows 56 -> 34 ms, 16 rows 83 -> 56, 48 rows 144
+  -> 120, 128 rows 353 -> 298. One row stays with `F.linear` (a gemv, which packs nothing
+  and is 5% faster).
 
   `mkl._mkl_linear` takes the packed product only when its batch-size argument equals the
   row count it is given, and otherwise falls back to `F.linear`; it is passed the row count
@@ -40,25 +51,29 @@ multiplies it, so that no decode step re-packs it.
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
 `linear`. It costs one more copy of the linear weights in memory (two for bf16 on a CPU with
-AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's).
+AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's; two for fp32 on Intel CPUs: the
+kernel's and MKL's).
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_small_gemm
+from kernels import cpu_small_gemm, cpu_small_sgemm
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
+SGEMM_MAX_ROWS_BESIDE_MKL = 128  # on Intel CPUs, MKL takes fp32 products of more rows
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
     """True for a 2-D CPU weight in a dtype this CPU's libraries can pack: bf16 where oneDNN
-    has bf16 kernels, fp32 where torch was built with MKL."""
+    has bf16 kernels, fp32 where the float32 kernel builds or torch was built with MKL."""
     if weight.device.type != "cpu" or weight.dim() != 2:
         return False
     if weight.dtype == torch.bfloat16:
@@ -66,7 +81,8 @@ def can_prepack(weight: torch.Tensor) -> bool:
             torch.ops.mkldnn._is_mkldnn_bf16_supported()
         )
     if weight.dtype == torch.float32:
-        return torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+        mkl = torch.backends.mkl.is_available() and torch.backends.mkldnn.is_available()
+        return mkl or cpu_small_sgemm.available()
     return False
 
 
@@ -80,12 +96,39 @@ class Bf16Packing:
     few_rows: torch.Tensor | None
 
 
-def pack_weight(weight: torch.Tensor) -> torch.Tensor | Bf16Packing:
-    """The library's packed copy of a [out, in] weight: MKL's for fp32; for bf16, oneDNN's
-    blocked one (whose batch-size hint does not matter: the same packing served 1 to 300 rows
-    equally well) and the few-row kernel's."""
+@dataclass(frozen=True, slots=True)
+class Fp32Packing:
+    """A float32 weight packed for `kernels/cpu_small_sgemm.c` where it builds, which takes up
+    to `kernel_max_rows` rows (None: any), and for MKL where MKL takes the rest."""
+
+    kernel: torch.Tensor | None
+    kernel_max_rows: int | None
+    mkl: torch.Tensor | None
+
+
+@functools.cache
+def cpu_is_intel() -> bool:
+    """MKL runs its best code here (it picks a generic path on other vendors' CPUs)."""
+    try:
+        return "GenuineIntel" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+def _pack_fp32(weight: torch.Tensor) -> Fp32Packing:
+    kernel = cpu_small_sgemm.pack(weight) if cpu_small_sgemm.available() else None
+    if kernel is not None and (not cpu_is_intel() or not torch.backends.mkl.is_available()):
+        return Fp32Packing(kernel, None, None)
+    mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
+    return Fp32Packing(kernel, SGEMM_MAX_ROWS_BESIDE_MKL, mkl)
+
+
+def pack_weight(weight: torch.Tensor) -> Fp32Packing | Bf16Packing:
+    """The packed copies of a [out, in] weight: for fp32 the kernel's and (where it does not
+    take every row count) MKL's; for bf16, oneDNN's blocked one (whose batch-size hint does not
+    matter: the same packing served 1 to 300 rows equally well) and the few-row kernel's."""
     if weight.dtype == torch.float32:
-        return torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
+        return _pack_fp32(weight)
     few_rows = cpu_small_gemm.pack(weight) if cpu_small_gemm.load() is not None else None
     if (
         few_rows is not None
@@ -99,7 +142,7 @@ def linear(
     x: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
-    packed_weight: torch.Tensor | Bf16Packing | None = None,
+    packed_weight: Fp32Packing | Bf16Packing | None = None,
 ) -> torch.Tensor:
     """x W^T (+ b), through the packed weight when the layer has one."""
     if packed_weight is None:
@@ -111,9 +154,12 @@ def linear(
         if packed_weight.onednn is None:
             return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight.onednn, bias, "none", [], "")
-    if num_rows <= 1:  # fp32: a gemv packs nothing, F.linear is as fast
+    limit = packed_weight.kernel_max_rows
+    if packed_weight.kernel is not None and (limit is None or num_rows <= limit):
+        return cpu_small_sgemm.linear(x, packed_weight.kernel, weight.shape[0], bias)
+    if packed_weight.mkl is None or num_rows <= 1:  # a gemv packs nothing, F.linear is as fast
         return F.linear(x, weight, bias)
-    return torch.ops.mkl._mkl_linear(x, packed_weight, weight, bias, num_rows)
+    return torch.ops.mkl._mkl_linear(x, packed_weight.mkl, weight, bias, num_rows)
 
 
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.gpu_worker.layers.cpu_prepack import Bf16Packing, linear
+from services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear
 from services.gpu_worker.parallel_state import (
     all_reduce,
     gather_last_dim_to_rank0,
@@ -53,7 +53,7 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
-        self.packed_weight: torch.Tensor | Bf16Packing | None = None  # see cpu_prepack
+        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [B, H] -> [B, V] | None
         logits = linear(hidden, self.weight, packed_weight=self.packed_weight)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from services.gpu_worker.layers.cpu_prepack import Bf16Packing, linear
+from services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear
 from services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
@@ -39,7 +39,7 @@ class ColumnParallelLinear(nn.Module):
         self.output_size_per_rank = divide(output_size, self.tp_size, "output features")
         self.weight = nn.Parameter(torch.empty(self.output_size_per_rank, input_size))
         self.weight.weight_loader = self.weight_loader
-        self.packed_weight: torch.Tensor | Bf16Packing | None = None  # see cpu_prepack
+        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.output_size_per_rank))
@@ -121,7 +121,7 @@ class RowParallelLinear(nn.Module):
         self.input_size_per_rank = divide(input_size, self.tp_size, "input features")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
         self.weight.weight_loader = self.weight_loader
-        self.packed_weight: torch.Tensor | Bf16Packing | None = None  # see cpu_prepack
+        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size))

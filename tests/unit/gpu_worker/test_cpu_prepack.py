@@ -1,4 +1,5 @@
-"""CPU linears: packed bf16 and packed fp32 give F.linear's numbers, on every layer."""
+"""CPU linears: packed bf16 and packed fp32 (the float32 kernel, and MKL) give F.linear's
+numbers, on every layer."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kernels import cpu_small_sgemm
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from services.gpu_worker.layers.cpu_prepack import (
     can_prepack,
@@ -34,9 +36,21 @@ def test_packed_linear_is_bit_identical_to_f_linear(num_rows, with_bias):
 
 
 requires_mkl = pytest.mark.skipif(
-    not can_prepack(torch.zeros(1, 1)),
-    reason="this torch has no MKL: fp32 layers keep F.linear",
+    not torch.backends.mkl.is_available(), reason="this torch has no MKL"
 )
+
+
+@pytest.fixture(params=["kernel", pytest.param("mkl", marks=requires_mkl)])
+def fp32_path(request, monkeypatch):
+    """Each fp32 packing: the float32 kernel's (where it builds), or MKL's alone (the kernel
+    turned off, as where it cannot be built)."""
+    if request.param == "mkl":
+        monkeypatch.setenv("PAGEDSERVE_CPU_SGEMM_KERNEL", "0")
+    cpu_small_sgemm.load.cache_clear()
+    if request.param == "kernel" and not cpu_small_sgemm.available():
+        pytest.skip("the float32 kernel does not build here")
+    yield request.param
+    cpu_small_sgemm.load.cache_clear()
 
 
 def test_other_dtypes_and_non_2d_weights_are_not_packed():
@@ -46,11 +60,10 @@ def test_other_dtypes_and_non_2d_weights_are_not_packed():
     assert not can_prepack(torch.zeros(4, 4, dtype=torch.float64))
 
 
-@requires_mkl
-@pytest.mark.parametrize("num_rows", [2, 3, 16, 17, 63, 64, 65, 100, 512])
+@pytest.mark.parametrize("num_rows", [1, 2, 3, 16, 17, 63, 64, 65, 100, 512])
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_packed_fp32_linear_is_f_linear_at_every_row_count(num_rows, with_bias):
-    """The weight is packed once, for MKL_PACK_ROWS rows, and serves every row count."""
+def test_packed_fp32_linear_is_f_linear_at_every_row_count(fp32_path, num_rows, with_bias):
+    """The weight is packed once (MKL's for MKL_PACK_ROWS rows) and serves every row count."""
     torch.manual_seed(0)
     weight = torch.randn(300, 96)
     bias = torch.randn(300) if with_bias else None
@@ -61,14 +74,15 @@ def test_packed_fp32_linear_is_f_linear_at_every_row_count(num_rows, with_bias):
 
 
 @requires_mkl
-def test_one_fp32_row_is_f_linears_gemv_exactly():
+def test_one_fp32_row_is_f_linears_gemv_exactly_beside_mkl(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_CPU_SGEMM_KERNEL", "0")
+    cpu_small_sgemm.load.cache_clear()
     torch.manual_seed(0)
     weight, x = torch.randn(300, 96), torch.randn(1, 96)
     assert torch.equal(linear(x, weight, None, pack_weight(weight)), F.linear(x, weight))
 
 
-@requires_mkl
-def test_packed_fp32_rows_do_not_depend_on_each_other():
+def test_packed_fp32_rows_do_not_depend_on_each_other(fp32_path):
     """A row's product is the same whichever rows share its batch (a decode batch grows and
     shrinks step to step)."""
     torch.manual_seed(0)
@@ -84,7 +98,6 @@ def test_unpacked_layers_are_f_linear():
     assert torch.equal(linear(x, weight), F.linear(x, weight))
 
 
-@requires_mkl
 def test_packing_runs_on_the_given_threads_and_restores_the_count():
     seen = []
 
@@ -127,8 +140,7 @@ def test_bf16_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
     assert torch.equal(model.compute_logits(hidden), unpacked_logits)
 
 
-@requires_mkl
-def test_fp32_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
+def test_fp32_model_packs_every_linear_and_the_lm_head(fp32_path, tiny_llama_dir):
     model = _load(tiny_llama_dir, torch.float32)
     slots = [m for m in model.modules() if hasattr(m, "packed_weight")]
     assert slots and all(m.packed_weight is not None for m in slots)

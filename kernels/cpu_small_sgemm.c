@@ -1,0 +1,144 @@
+/* y = x W^T (+ b) in float32 for a few dozen rows of x on the CPU: the linears of a decode
+ * step (built with -mavx2 -mfma, or with AVX-512 where torch runs at AVX-512).
+ *
+ * With a few rows a decode step's linears stream their weights from memory, and with a few
+ * dozen they are bound by multiply-adds. MKL's sgemm did neither well on a 2-core AMD EPYC
+ * (SmolLM2-135M's linears and LM head, 16 rows: 82 ms by F.linear, 90 packed, where the
+ * weights stream in ~35 ms). Here a weight is packed once into panels of NR output columns,
+ * each panel's K x NR block contiguous by k, so a product streams every panel once, front to
+ * back, while a tile of up to MR rows x NR columns accumulates in registers: per k, two
+ * vector loads of the panel, one broadcast and two fused multiply-adds per row. Threads split
+ * the panels.
+ *
+ * Every output is one chain of fused multiply-adds over k = 0, 1, ..., K - 1, whatever the row
+ * count, the tile or the vector width: a row's outputs do not depend on the rows beside it.
+ *
+ * Layouts:
+ *   w       [N, K] float32                 row-major, as a torch Linear's weight
+ *   packed  [ceil(N / NR), K, NR] float32  small_sgemm_pack's output, zero-padded columns
+ *   x       [M, K] float32                 row m at x + m * x_stride (elements)
+ *   y       [M, N] float32                 row m at y + m * y_stride (elements)
+ *   bias    [N] float32 or NULL
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <string.h>
+
+#ifdef __AVX512F__
+typedef __m512 vec;
+#define LANES 16
+#define MR 12 /* rows per tile: 24 accumulators + 2 panel vectors + 1 broadcast <= 32 */
+#define vec_zero _mm512_setzero_ps
+#define vec_load _mm512_loadu_ps
+#define vec_store _mm512_storeu_ps
+#define vec_broadcast _mm512_set1_ps
+#define vec_fmadd _mm512_fmadd_ps
+#define vec_add _mm512_add_ps
+#else
+typedef __m256 vec;
+#define LANES 8
+#define MR 6 /* rows per tile: 12 accumulators + 2 panel vectors + 1 broadcast <= 16 */
+#define vec_zero _mm256_setzero_ps
+#define vec_load _mm256_loadu_ps
+#define vec_store _mm256_storeu_ps
+#define vec_broadcast _mm256_set1_ps
+#define vec_fmadd _mm256_fmadd_ps
+#define vec_add _mm256_add_ps
+#endif
+
+#define NR (2 * LANES)              /* output columns per panel: two vectors */
+#define PARALLEL_MIN_WORK (1 << 16) /* multiply-adds below which one thread does it all */
+#define PREFETCH_BYTES 4096         /* how far ahead in the panel the stream is prefetched */
+
+int64_t small_sgemm_max_tile_rows(void) { return MR; }
+
+int64_t small_sgemm_panel_columns(void) { return NR; }
+
+/* float32 elements a packed [n, k] weight takes. */
+int64_t small_sgemm_packed_numel(int64_t n, int64_t k) { return (n + NR - 1) / NR * NR * k; }
+
+void small_sgemm_pack(const float *restrict w, int64_t n, int64_t k, float *restrict packed) {
+    const int64_t panels = (n + NR - 1) / NR;
+#pragma omp parallel for schedule(static)
+    for (int64_t p = 0; p < panels; p++) {
+        float *dst = packed + p * NR * k;
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t j = 0; j < NR; j++) {
+                const int64_t row = p * NR + j;
+                dst[kk * NR + j] = row < n ? w[row * k + kk] : 0.0f;
+            }
+    }
+}
+
+/* acc[r] = rows x[0..rows) times one panel, over all of k. `rows` is a constant wherever this
+ * is inlined (see tile_product), so the accumulators live in registers. */
+static inline __attribute__((always_inline)) void tile(const float *restrict x, int64_t x_stride,
+                                                      const float *restrict panel, int64_t k,
+                                                      const int rows, vec acc[MR][2]) {
+    for (int r = 0; r < rows; r++) acc[r][0] = acc[r][1] = vec_zero();
+    for (int64_t kk = 0; kk < k; kk++) {
+        const float *w = panel + kk * NR;
+        __builtin_prefetch((const char *)w + PREFETCH_BYTES);
+#ifndef __AVX512F__
+        __builtin_prefetch((const char *)w + PREFETCH_BYTES + 32);
+#endif
+        const vec w0 = vec_load(w), w1 = vec_load(w + LANES);
+        for (int r = 0; r < rows; r++) {
+            const vec xr = vec_broadcast(x[r * x_stride + kk]);
+            acc[r][0] = vec_fmadd(xr, w0, acc[r][0]);
+            acc[r][1] = vec_fmadd(xr, w1, acc[r][1]);
+        }
+    }
+}
+
+#define TILE_CASE(R)                                                                        \
+    case R:                                                                                 \
+        tile(x, x_stride, panel, k, R, acc);                                                \
+        break;
+
+static void tile_product(const float *restrict x, int64_t x_stride, const float *restrict panel,
+                         int64_t k, int rows, vec acc[MR][2]) {
+    switch (rows) {
+        TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
+#if MR > 6
+        TILE_CASE(7) TILE_CASE(8) TILE_CASE(9) TILE_CASE(10) TILE_CASE(11) TILE_CASE(12)
+#endif
+    }
+}
+
+/* One output row of a panel (NR sums) plus the bias, its first `columns` stored. */
+static inline void store_row(float *restrict out, vec lo, vec hi, const float *restrict bias,
+                             int64_t columns) {
+    if (columns == NR) {
+        if (bias) {
+            lo = vec_add(lo, vec_load(bias));
+            hi = vec_add(hi, vec_load(bias + LANES));
+        }
+        vec_store(out, lo);
+        vec_store(out + LANES, hi);
+        return;
+    }
+    float sums[NR];
+    vec_store(sums, lo);
+    vec_store(sums + LANES, hi);
+    for (int64_t j = 0; j < columns; j++) out[j] = bias ? sums[j] + bias[j] : sums[j];
+}
+
+void small_sgemm(const float *restrict x, int64_t m, int64_t k, int64_t x_stride,
+                 const float *restrict packed, int64_t n, const float *restrict bias,
+                 float *restrict y, int64_t y_stride) {
+    const int64_t panels = (n + NR - 1) / NR;
+#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_WORK)
+    for (int64_t p = 0; p < panels; p++) {
+        const float *panel = packed + p * NR * k;
+        const int64_t n0 = p * NR, columns = n - n0 < NR ? n - n0 : NR;
+        for (int64_t m0 = 0; m0 < m; m0 += MR) {
+            const int rows = m - m0 < MR ? (int)(m - m0) : MR;
+            vec acc[MR][2];
+            tile_product(x + m0 * x_stride, x_stride, panel, k, rows, acc);
+            for (int r = 0; r < rows; r++)
+                store_row(y + (m0 + r) * y_stride + n0, acc[r][0], acc[r][1],
+                          bias ? bias + n0 : 0, columns);
+        }
+    }
+}

@@ -1,0 +1,108 @@
+"""float32 linears for a few dozen rows on CPUs with AVX2 and FMA (`cpu_small_sgemm.c`), built
+with the machine's C compiler on first use (`kernels/cpu_build.py`) and loaded through ctypes.
+
+`pack` lays a [N, K] weight out in the kernel's panels once; `linear` multiplies rows by it.
+Every output is one fused multiply-add chain over k, whatever the batch: a row's outputs do
+not depend on the rows beside it, or on the vector width the library was built for.
+
+Elsewhere (torch below AVX2, no compiler, a failed build) `load()` returns None, says why once
+in the log, and callers keep MKL. `PAGEDSERVE_CPU_SGEMM_KERNEL=0` turns the kernel off.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import logging
+from pathlib import Path
+
+import torch
+
+from kernels import cpu_build
+from kernels.cpu_build import KernelBuildError
+
+logger = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("cpu_small_sgemm.c")
+
+
+@functools.cache
+def load() -> ctypes.CDLL | None:
+    """The kernel library, or None (torch below AVX2, turned off, or it cannot be built)."""
+    if str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"):
+        logger.info("CPU float32 GEMM kernel not used: torch runs below AVX2")
+        return None
+    library = cpu_build.load_kernel(
+        SOURCE, "PAGEDSERVE_CPU_SGEMM_KERNEL", "CPU float32 GEMM kernel"
+    )
+    if library is not None:
+        i64, ptr = ctypes.c_int64, ctypes.c_void_p
+        library.small_sgemm_panel_columns.restype = i64
+        library.small_sgemm_packed_numel.restype = i64
+        library.small_sgemm_packed_numel.argtypes = [i64, i64]
+        library.small_sgemm_pack.restype = None
+        library.small_sgemm_pack.argtypes = [ptr, i64, i64, ptr]
+        library.small_sgemm.restype = None
+        library.small_sgemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+    return library
+
+
+def available() -> bool:
+    return load() is not None
+
+
+def _library() -> ctypes.CDLL:
+    library = load()
+    if library is None:
+        raise KernelBuildError("the CPU float32 GEMM kernel is not available")
+    return library
+
+
+@functools.cache
+def _panel_columns() -> int:
+    return int(_library().small_sgemm_panel_columns())
+
+
+def packed_numel(num_out: int, num_in: int) -> int:
+    """float32 elements a packed [num_out, num_in] weight takes (`small_sgemm_packed_numel` in
+    C), without a call into the library per product."""
+    columns = _panel_columns()
+    return -(-num_out // columns) * columns * num_in
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 [N, K] weight in the kernel's panel layout (a flat float32 tensor)."""
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
+        raise ValueError(f"expected a 2-D float32 CPU weight, got {weight.dtype} {weight.shape}")
+    library = _library()
+    weight = weight.detach().contiguous()
+    num_out, num_in = weight.shape
+    packed = torch.empty(library.small_sgemm_packed_numel(num_out, num_in), dtype=torch.float32)
+    library.small_sgemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
+    return packed
+
+
+def linear(
+    x: torch.Tensor,  # [..., K] float32
+    packed: torch.Tensor,  # `pack(weight)`
+    num_out: int,  # N, the weight's row count
+    bias: torch.Tensor | None = None,  # [N]
+) -> torch.Tensor:  # [..., N] float32
+    """x W^T (+ b) through a packed weight."""
+    library = _library()
+    num_in = x.shape[-1]
+    if x.dtype != torch.float32 or packed.numel() != packed_numel(num_out, num_in):
+        raise ValueError(
+            f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] float32 weight"
+        )
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_out, dtype=torch.float32)
+    if bias is not None:
+        bias = bias.detach().to(torch.float32).contiguous()
+    library.small_sgemm(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
+        None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_out)
