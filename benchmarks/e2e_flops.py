@@ -73,17 +73,19 @@ def best_rate(samples: Sequence[dict[str, Any]]) -> dict[str, Any]:
 
 
 def measured_rate(dtype_name: str, threads: int | None) -> dict[str, Any]:
-    """A large matmul's FLOP rate in `dtype_name` on `threads` threads (default: all)."""
+    """A large matmul's FLOP rate in `dtype_name` on `threads` threads (default: all): the
+    machine's limit (`roofline.limit_flops_per_s`: for float32, the faster of `torch.mm` and
+    the float32 kernel)."""
     import os
 
     import torch
 
-    from benchmarks.roofline import matmul_flops_per_s
+    from benchmarks.roofline import limit_flops_per_s
 
     previous = torch.get_num_threads()
     torch.set_num_threads(threads or len(os.sched_getaffinity(0)))
     try:
-        rate = matmul_flops_per_s(getattr(torch, dtype_name))
+        rate = limit_flops_per_s(getattr(torch, dtype_name))
         return {"dtype": dtype_name, "threads": torch.get_num_threads(), "flops_per_s": rate}
     finally:
         torch.set_num_threads(previous)

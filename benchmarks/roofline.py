@@ -3,35 +3,63 @@
 A decode step of a batch of B sequences costs, per token, `2 * matmul_params` FLOPs (every
 linear layer and the LM head; the embedding lookup is free) plus attention, `4 * layers *
 context * num_heads * head_dim` (QK^T and PV). The machine's rate is a large square matmul
-timed in the same process, in the engine's dtype and fp32. The limit in tokens/s is
-rate / FLOPs-per-token; on a CPU with small batches decode is usually bound by memory
-bandwidth (weights re-read every step) rather than FLOPs, which the note says when it is.
+timed in the same process, in the engine's dtype and fp32 (for fp32 the faster of `torch.mm`
+and the float32 kernel at 128 rows: MKL runs at about half the machine's peak on AMD CPUs).
+The limit in tokens/s is rate / FLOPs-per-token; on a CPU with small batches decode is
+usually bound by memory bandwidth (weights re-read every step) rather than FLOPs, which the
+note says when it is.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
 from benchmarks.kv_memory import build_engine, run_engine
+from kernels import cpu_small_sgemm
 from services.cli.loadgen.workload import BenchRequest
 
 
-def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, num_iters: int = 6) -> float:
-    """Best-of-`num_iters` FLOP rate of a `size` x `size` matmul."""
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
-    torch.mm(a, b)  # warm-up: thread pool, kernel choice
+def _best_time(product: Callable[[], object], num_iters: int) -> float:
+    product()  # warm-up: thread pool, kernel choice
     best = float("inf")
     for _ in range(num_iters):
         start = time.perf_counter()
-        torch.mm(a, b)
+        product()
         best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return best
+
+
+def matmul_flops_per_s(dtype: torch.dtype, size: int = 2048, num_iters: int = 6) -> float:
+    """Best-of-`num_iters` FLOP rate of a `size` x `size` matmul (`torch.mm`)."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    return 2 * size**3 / _best_time(lambda: torch.mm(a, b), num_iters)
+
+
+def sgemm_kernel_flops_per_s(rows: int = 128, size: int = 2048, num_iters: int = 6) -> float | None:
+    """Best-of-`num_iters` FLOP rate of `rows` x `size` times a `size` x `size` weight through
+    the float32 kernel (`kernels/cpu_small_sgemm.c`), None where it is not built. Where MKL
+    runs a generic path (AMD CPUs) this is the machine's fp32 limit, not `torch.mm`'s."""
+    if not cpu_small_sgemm.available():
+        return None
+    packed = cpu_small_sgemm.pack(torch.randn(size, size))
+    x = torch.randn(rows, size)
+    seconds = _best_time(lambda: cpu_small_sgemm.linear(x, packed, size), num_iters)
+    return 2 * rows * size**2 / seconds
+
+
+def limit_flops_per_s(dtype: torch.dtype) -> float:
+    """The machine's FLOP limit in `dtype`: `torch.mm`'s rate, or for float32 the faster of it
+    and the float32 kernel's."""
+    rate = matmul_flops_per_s(dtype)
+    if dtype == torch.float32:
+        rate = max(rate, sgemm_kernel_flops_per_s() or 0.0)
+    return rate
 
 
 def model_shape(model: Any) -> dict[str, int]:
@@ -78,8 +106,8 @@ def roofline_report(
     engine = build_engine(model, max(batch_sizes), 4096, dtype, threads)
     engine_dtype = engine.runner.dtype
     rates = {
-        str(engine_dtype).removeprefix("torch."): matmul_flops_per_s(engine_dtype),
-        "float32": matmul_flops_per_s(torch.float32),
+        str(engine_dtype).removeprefix("torch."): limit_flops_per_s(engine_dtype),
+        "float32": limit_flops_per_s(torch.float32),
     }
     shape = model_shape(engine.runner.model)
     decode_rate(engine, 2, 8, 2)  # warm-up

@@ -6,19 +6,17 @@ multiplies it, so that no decode step re-packs it.
   product. Packed once the product is bit-identical, and measured (one thread, AVX512-BF16)
   on SmolLM2's shapes: gate/up 576x3072 at 1 row 146 -> 72 us, the LM head at 1 row 6.3 ->
   3.1 ms, 8-20% less at 64 rows. This is what PyTorch's inductor does when it freezes a model.
-- fp32, any row count (CPUs with AVX2 and FMA). `kernels/cpu_small_sgemm.c` streams each
-  weight once, in panels packed at load time, while up to 6 rows (12 with AVX-512) accumulate
-  in registers: memory-bound at a few rows, near the multiply-add peak at a few dozen. On a
-  2-core AMD EPYC (Zen 4), SmolLM2's 121 linears and LM head, AVX2 caps, F.linear / MKL
-  packed / the kernel: 1 row 49 / 33 / 18 ms, 4 rows 69 / 64 / 17, 16 rows 71 / 84 / 30, 64
-  rows 191 / 185 / 95, 128 rows 308 / 297 / 185, 512 rows 1005 / 1015 / 894: MKL's sgemm
-  runs at about half the machine's peak on AMD CPUs. Every output is one fused multiply-add
-  chain over k, so a row's product does not depend on the rows batched with it. On Intel CPUs
-  MKL takes products of more than `SGEMM_MAX_ROWS_BESIDE_MKL` rows (its large-matrix blocking
-  there is at least as good); elsewhere the kernel takes every row count, and no MKL copy is
-  kept.
-- fp32 (MKL), where the kernel is not built or on Intel CPUs past its rows. `F.linear` calls
-  MKL's sgemm, which copies ("packs") the weight into its tile layout on every call: for a
+- fp32 on CPUs not made by Intel (AVX2 and FMA). MKL picks a generic code path there, and
+  `kernels/cpu_small_sgemm.c` takes every product: it streams each weight once, in panels
+  packed at load time, while up to 6 rows (12 with AVX-512) accumulate in registers,
+  memory-bound at a few rows and near the multiply-add peak at a few dozen. On a 2-core AMD
+  EPYC (Zen 4), SmolLM2's 121 linears and LM head, AVX2 caps, F.linear / MKL packed / the
+  kernel: 1 row 49 / 33 / 18 ms, 4 rows 69 / 64 / 17, 16 rows 71 / 84 / 30, 64 rows 191 /
+  185 / 95, 128 rows 308 / 297 / 185, 512 rows 1005 / 1015 / 894. Every output is one fused
+  multiply-add chain over k, so a row's product does not depend on the rows batched with it.
+- fp32 on Intel CPUs (MKL), or where the kernel is not built. On a Xeon a kernel of the
+  design above was measured no faster than MKL's packed product at any row count. `F.linear`
+  calls MKL's sgemm, which copies ("packs") the weight into its tile layout on every call: for a
   few rows against a large weight that copy is most of the work. MKL's packed API
   (`cblas_sgemm_pack` once, `cblas_sgemm_compute` per call, reached through
   `mkl._mkl_linear`) skips it. SmolLM2's 121 linears in a row, weights in DRAM as in a decode
@@ -51,8 +49,7 @@ multiplies it, so that no decode step re-packs it.
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
 reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
 `linear`. It costs one more copy of the linear weights in memory (two for bf16 on a CPU with
-AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's; two for fp32 on Intel CPUs: the
-kernel's and MKL's).
+AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's).
 """
 
 from __future__ import annotations
@@ -68,7 +65,6 @@ from torch import nn
 from kernels import cpu_small_gemm, cpu_small_sgemm
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
-SGEMM_MAX_ROWS_BESIDE_MKL = 128  # on Intel CPUs, MKL takes fp32 products of more rows
 
 
 def can_prepack(weight: torch.Tensor) -> bool:
@@ -98,11 +94,10 @@ class Bf16Packing:
 
 @dataclass(frozen=True, slots=True)
 class Fp32Packing:
-    """A float32 weight packed for `kernels/cpu_small_sgemm.c` where it builds, which takes up
-    to `kernel_max_rows` rows (None: any), and for MKL where MKL takes the rest."""
+    """A float32 weight packed for one product: the float32 kernel's panels
+    (`kernels/cpu_small_sgemm.c`) or MKL's packed layout; the other is None."""
 
     kernel: torch.Tensor | None
-    kernel_max_rows: int | None
     mkl: torch.Tensor | None
 
 
@@ -115,18 +110,26 @@ def cpu_is_intel() -> bool:
         return False
 
 
+def fp32_uses_kernel() -> bool:
+    """fp32 products go through the float32 kernel: it is built, and MKL is not at its best
+    here (a CPU not made by Intel) or not in this torch."""
+    if not cpu_small_sgemm.available():
+        return False
+    return not (cpu_is_intel() and torch.backends.mkl.is_available())
+
+
 def _pack_fp32(weight: torch.Tensor) -> Fp32Packing:
-    kernel = cpu_small_sgemm.pack(weight) if cpu_small_sgemm.available() else None
-    if kernel is not None and (not cpu_is_intel() or not torch.backends.mkl.is_available()):
-        return Fp32Packing(kernel, None, None)
-    mkl = torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
-    return Fp32Packing(kernel, SGEMM_MAX_ROWS_BESIDE_MKL, mkl)
+    if fp32_uses_kernel():
+        return Fp32Packing(cpu_small_sgemm.pack(weight), None)
+    return Fp32Packing(
+        None, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
+    )
 
 
 def pack_weight(weight: torch.Tensor) -> Fp32Packing | Bf16Packing:
-    """The packed copies of a [out, in] weight: for fp32 the kernel's and (where it does not
-    take every row count) MKL's; for bf16, oneDNN's blocked one (whose batch-size hint does not
-    matter: the same packing served 1 to 300 rows equally well) and the few-row kernel's."""
+    """The packed copies of a [out, in] weight: for fp32 the kernel's or MKL's; for bf16,
+    oneDNN's blocked one (whose batch-size hint does not matter: the same packing served 1 to
+    300 rows equally well) and the few-row kernel's."""
     if weight.dtype == torch.float32:
         return _pack_fp32(weight)
     few_rows = cpu_small_gemm.pack(weight) if cpu_small_gemm.load() is not None else None
@@ -154,8 +157,7 @@ def linear(
         if packed_weight.onednn is None:
             return F.linear(x, weight, bias)
         return torch.ops.mkldnn._linear_pointwise(x, packed_weight.onednn, bias, "none", [], "")
-    limit = packed_weight.kernel_max_rows
-    if packed_weight.kernel is not None and (limit is None or num_rows <= limit):
+    if packed_weight.kernel is not None:
         return cpu_small_sgemm.linear(x, packed_weight.kernel, weight.shape[0], bias)
     if packed_weight.mkl is None or num_rows <= 1:  # a gemv packs nothing, F.linear is as fast
         return F.linear(x, weight, bias)

@@ -68,3 +68,27 @@ def test_the_flop_limit_is_the_fastest_matmul_sample_and_keeps_them_all() -> Non
     assert rate["samples_flops_per_s"] == [7.6e10, 1.08e11, 9e10]
     with pytest.raises(ValueError, match="no matmul rate"):
         best_rate([])
+
+
+def test_the_fp32_limit_is_the_faster_of_torch_mm_and_the_kernel(monkeypatch) -> None:
+    """MKL runs a generic path on AMD CPUs: the kernel's rate is the machine's limit there,
+    and a share of the slower rate would flatter every server."""
+    import torch
+
+    from benchmarks import roofline
+
+    monkeypatch.setattr(roofline, "matmul_flops_per_s", lambda dtype: 1e11)
+    monkeypatch.setattr(roofline, "sgemm_kernel_flops_per_s", lambda: 1.8e11)
+    assert roofline.limit_flops_per_s(torch.float32) == 1.8e11
+    assert roofline.limit_flops_per_s(torch.bfloat16) == 1e11  # the kernel is float32 only
+    monkeypatch.setattr(roofline, "sgemm_kernel_flops_per_s", lambda: None)  # not built
+    assert roofline.limit_flops_per_s(torch.float32) == 1e11
+
+
+def test_the_kernels_rate_is_measured_where_it_builds() -> None:
+    from benchmarks import roofline
+    from kernels import cpu_small_sgemm
+
+    rate = roofline.sgemm_kernel_flops_per_s(rows=4, size=64, num_iters=1)
+    assert (rate is None) == (not cpu_small_sgemm.available())
+    assert rate is None or rate > 0

@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from kernels import cpu_small_sgemm
 from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.layers import cpu_prepack
 from services.gpu_worker.layers.cpu_prepack import (
     can_prepack,
     linear,
@@ -47,8 +48,10 @@ def fp32_path(request, monkeypatch):
     if request.param == "mkl":
         monkeypatch.setenv("PAGEDSERVE_CPU_SGEMM_KERNEL", "0")
     cpu_small_sgemm.load.cache_clear()
-    if request.param == "kernel" and not cpu_small_sgemm.available():
-        pytest.skip("the float32 kernel does not build here")
+    if request.param == "kernel":
+        if not cpu_small_sgemm.available():
+            pytest.skip("the float32 kernel does not build here")
+        monkeypatch.setattr(cpu_prepack, "cpu_is_intel", lambda: False)
     yield request.param
     cpu_small_sgemm.load.cache_clear()
 
@@ -144,6 +147,8 @@ def test_fp32_model_packs_every_linear_and_the_lm_head(fp32_path, tiny_llama_dir
     model = _load(tiny_llama_dir, torch.float32)
     slots = [m for m in model.modules() if hasattr(m, "packed_weight")]
     assert slots and all(m.packed_weight is not None for m in slots)
+    kernel = fp32_path == "kernel"
+    assert all((m.packed_weight.kernel is not None) == kernel for m in slots)
     hidden = torch.randn(5, model.config.hidden_size)
     expected = F.linear(hidden, model.lm_head.weight)
     torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=1e-5, atol=1e-5)
