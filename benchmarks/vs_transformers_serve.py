@@ -370,7 +370,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"best pagedserve level / HF generate: {result['speedup_vs_hf']:.2f}x", flush=True)
         save(result, Path(args.out))
     failed = any(r["num_failed"] for s in (ours, theirs) for r in s["runs"])
-    return 1 if failed or check["mismatches"] else 0
+    return exit_status(failed, len(check["mismatches"]), args.dtype_resolved)
+
+
+def exit_status(failed: bool, num_mismatches: int, dtype: str) -> int:
+    """1 for a failed request, or for a greedy text that differs in float32, where exactness
+    is claimed; in bf16 the two servers' kernels differ and near-ties flip (the report still
+    counts them), which must not stop the suite before its report."""
+    return 1 if failed or (num_mismatches and dtype == "float32") else 0
 
 
 def alternate_servers(

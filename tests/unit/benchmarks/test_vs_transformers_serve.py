@@ -178,3 +178,12 @@ def test_rounds_alternate_the_servers_and_check_texts_once(monkeypatch) -> None:
     assert order == ["ours", "theirs"] * 3 and len(rates) == 6 and len(theirs) == 3
     assert checks == [2, 2, 0, 0, 0, 0]  # greedy texts in the first round only
     assert [r["runs"][0]["output_throughput"] for r in ours] == [91.0, 93.0, 95.0]
+
+
+def test_a_differing_greedy_text_fails_the_run_in_float32_only() -> None:
+    from benchmarks.vs_transformers_serve import exit_status
+
+    assert exit_status(False, 0, "float32") == 0
+    assert exit_status(False, 1, "float32") == 1
+    assert exit_status(False, 8, "bfloat16") == 0  # counted in the report, not a failure
+    assert exit_status(True, 0, "bfloat16") == 1
