@@ -10,7 +10,7 @@ can take for the dtype.
 bf16: `F.linear` (oneDNN, re-packing the weight per call), oneDNN packed once
 (`mkldnn._linear_pointwise`), and `kernels/cpu_small_gemm.c` with AMX tiles and with
 `vdpbf16ps` tiles where the CPU has them. fp32: `F.linear`, MKL packed and, where it builds,
-`kernels/cpu_small_sgemm.c` (whichever the layers use on this CPU). The best of
+`kernels/cpu_small_sgemm.c` (the layers use it on CPUs not made by Intel). The best of
 `--repeats` passes over all the layers, in ms, with the machine's ISA flags.
 """
 
