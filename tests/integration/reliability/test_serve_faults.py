@@ -135,8 +135,8 @@ def test_serve_restarts_a_killed_child_and_no_surviving_stream_is_lost(
     assert wrong == [], f"{len(wrong)} texts differ from the fault-free run after {victim} died"
     assert serve.proc is not None and serve.proc.poll() is None, serve.log()
     wait_for(f"{victim} restarted", lambda: restart_count(serve, victim) > restarts_before, 60)
-    metrics = httpx.get(f"{serve.base_url}/metrics", timeout=10).text
-    assert f'pagedserve:process_restarts_total{{process="{victim}"}}' in metrics
+    # serve logs the restart, then publishes the count in Redis on its next watch round
+    wait_for(f"/metrics counts {victim}'s restart", lambda: _metrics_count(serve, victim), 60)
     wait_for("both gateways healthy", lambda: _healthy(serve), 90)
     assert asyncio.run(new_requests_after(serve)) == [200] * 20  # no stale Redis connection
 
@@ -150,6 +150,14 @@ async def new_requests_after(serve: ServeProcess) -> list[int]:
             *(client.post(f"{urls[i % 2]}/v1/completions", json=body) for i in range(20))
         )
     return [a.status_code for a in answers]
+
+
+def _metrics_count(serve: ServeProcess, victim: str) -> bool:
+    try:
+        metrics = httpx.get(f"{serve.base_url}/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return False
+    return f'pagedserve:process_restarts_total{{process="{victim}"}}' in metrics
 
 
 def _healthy(serve: ServeProcess) -> bool:
