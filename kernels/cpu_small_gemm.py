@@ -25,6 +25,7 @@ import torch
 
 from kernels import cpu_build
 from kernels.cpu_build import KernelBuildError
+from kernels.cpu_packed_product import call_packed_product, product_argtypes
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +75,7 @@ def load() -> ctypes.CDLL | None:
         library.small_gemm_pack.argtypes = [ptr, i64, i64, ptr]
         for name in ("small_gemm", "small_gemm_amx"):
             getattr(library, name).restype = None
-            getattr(library, name).argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+            getattr(library, name).argtypes = product_argtypes()
         library.small_gemm_amx_init.restype = ctypes.c_int
     return library
 
@@ -145,16 +146,6 @@ def linear(
         raise ValueError(
             f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] bf16 weight"
         )
-    rows = x.reshape(-1, num_in)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], num_out, dtype=torch.bfloat16)
-    if bias is not None:
-        bias = bias.detach().to(torch.bfloat16).contiguous()
     use_amx = num_in % AMX_K_MULTIPLE == 0 and amx_available()
     product = library.small_gemm_amx if use_amx else library.small_gemm
-    product(
-        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
-        None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], num_out)
+    return call_packed_product(product, x, packed, num_out, bias, torch.bfloat16)

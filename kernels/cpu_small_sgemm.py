@@ -20,6 +20,7 @@ import torch
 
 from kernels import cpu_build
 from kernels.cpu_build import KernelBuildError
+from kernels.cpu_packed_product import call_packed_product, product_argtypes
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ def load() -> ctypes.CDLL | None:
         library.small_sgemm_pack.restype = None
         library.small_sgemm_pack.argtypes = [ptr, i64, i64, ptr]
         library.small_sgemm.restype = None
-        library.small_sgemm.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+        library.small_sgemm.argtypes = product_argtypes()
     return library
 
 
@@ -95,14 +96,4 @@ def linear(
         raise ValueError(
             f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] float32 weight"
         )
-    rows = x.reshape(-1, num_in)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], num_out, dtype=torch.float32)
-    if bias is not None:
-        bias = bias.detach().to(torch.float32).contiguous()
-    library.small_sgemm(
-        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
-        None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], num_out)
+    return call_packed_product(library.small_sgemm, x, packed, num_out, bias, torch.float32)

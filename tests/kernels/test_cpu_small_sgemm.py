@@ -116,6 +116,13 @@ def test_strided_and_batched_inputs():
 
 
 @requires_kernel
+def test_no_rows_give_an_empty_product():
+    """A step can sample no row (every sequence still in its prefill): nothing to multiply."""
+    out = cpu_small_sgemm.linear(torch.empty(0, 24), cpu_small_sgemm.pack(torch.randn(40, 24)), 40)
+    assert out.shape == (0, 40)
+
+
+@requires_kernel
 def test_bad_inputs_are_refused():
     packed = cpu_small_sgemm.pack(torch.randn(8, 16))
     with pytest.raises(ValueError, match="does not fit"):

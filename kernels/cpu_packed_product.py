@@ -1,0 +1,40 @@
+"""Calling a packed-weight GEMM of the CPU kernels: `small_gemm` and `small_gemm_amx`
+(`cpu_small_gemm.c`, bf16) and `small_sgemm` (`cpu_small_sgemm.c`, float32) share one C
+signature, `(x, m, k, x_stride, packed, n, bias, y, y_stride)`, and this is its one call site.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+
+import torch
+
+
+def product_argtypes() -> list[type]:
+    """ctypes argument types of the shared signature."""
+    i64, ptr = ctypes.c_int64, ctypes.c_void_p
+    return [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
+
+
+def call_packed_product(
+    product: Callable[..., None],  # a library function of the shared signature
+    x: torch.Tensor,  # [..., K] in `dtype`, checked by the caller
+    packed: torch.Tensor,  # the weight in the product's panel layout
+    num_out: int,  # N, the weight's row count
+    bias: torch.Tensor | None,  # [N]
+    dtype: torch.dtype,  # of x, the bias and the output
+) -> torch.Tensor:  # [..., N]
+    """x W^T (+ b): rows of x in place (contiguous along K), the bias in `dtype`."""
+    num_in = x.shape[-1]
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_out, dtype=dtype)
+    if bias is not None:
+        bias = bias.detach().to(dtype).contiguous()
+    product(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_out,
+        None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_out)
