@@ -48,6 +48,7 @@ from shared.status import (
     from_fields,
     to_fields,
 )
+from shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 
@@ -113,11 +114,7 @@ class EngineClient:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        await cancel_and_wait(self._tasks)
         with contextlib.suppress(Exception):
             await self.redis.delete(self.keys.gateway(self.gateway_id))
             await self.redis.srem(self.keys.gateways, self.gateway_id)

@@ -23,6 +23,7 @@ from services.scheduler.watchers import (
     watch_gateways_forever,
 )
 from services.scheduler.worker_recovery import recover_workers
+from shared.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
     from services.scheduler.engine_loop import EngineLoop
@@ -157,15 +158,3 @@ class StepLoop:
         queued = stats.num_running + stats.num_waiting + len(self.intake)
         room = min(config.max_waiting - stats.num_waiting, 2 * config.max_num_seqs - queued)
         return max(0, min(READ_COUNT, room))
-
-
-async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
-    """Cancel `tasks` and wait until they are done. A cancellation that lands while redis-py
-    awaits a reply can be swallowed (the task then sleeps on, and a plain gather waits forever:
-    a SIGTERM right after start-up hung the process), so a task still running is cancelled
-    again."""
-    pending = set(tasks)
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=0.5)

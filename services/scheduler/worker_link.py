@@ -33,6 +33,7 @@ import zmq.asyncio
 
 from services.scheduler.engine_shape import EngineShape
 from shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
+from shared.tasks import cancel_and_wait
 from shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
 
 logger = logging.getLogger(__name__)
@@ -88,11 +89,7 @@ class WorkerLink:
         ]
 
     async def close(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(self._tasks)
         for socket in (self._publisher, self._puller):
             if socket is not None:
                 socket.close()

@@ -9,7 +9,6 @@ engines.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -17,6 +16,7 @@ import httpx
 
 from shared.keys import RedisKeys
 from shared.status import EngineStatus, from_fields
+from shared.tasks import cancel_and_wait
 
 
 @dataclass(frozen=True)
@@ -113,7 +113,5 @@ class StatusSampler:
 
     async def stop(self) -> list[StatusSample]:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
         return self.samples
