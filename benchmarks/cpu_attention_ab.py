@@ -42,7 +42,9 @@ def build_at_revision(revision: str, directory: Path) -> Path:
             raise ValueError(f"no kernels/{name} at {revision!r}: {shown.stderr.strip()}")
         if shown.returncode == 0:
             (directory / name).write_text(shown.stdout)
-    return cpu_build.build(directory / "cpu_paged_attention.c", directory)
+    return cpu_build.build(
+        directory / "cpu_paged_attention.c", directory, cpu_paged_attention.extra_flags()
+    )
 
 
 def make_case(num_seqs: int, context: int, new_tokens: int, dtype: torch.dtype, seed: int = 0):

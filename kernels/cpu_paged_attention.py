@@ -22,6 +22,7 @@ import torch
 
 from kernels import cpu_build
 from kernels.cpu_build import KernelBuildError, compile_flags
+from kernels.cpu_small_gemm import cpu_has_avx512_bf16
 
 __all__ = ["KernelBuildError", "compile_flags"]
 
@@ -33,19 +34,27 @@ def enabled() -> bool:
     return not cpu_build.switched_off("PAGEDSERVE_CPU_ATTENTION_KERNEL")
 
 
+def extra_flags() -> tuple[str, ...]:
+    """`-mavx512bf16` where the CPU has AVX512-BF16 at torch's capability: bf16 caches are
+    then scored with `vdpbf16ps` (see the C source)."""
+    return ("-mavx512bf16",) if cpu_has_avx512_bf16() else ()
+
+
 def build(directory: Path | None = None) -> Path:
     """The compiled library's path (see `cpu_build.build`). Raises `KernelBuildError`."""
-    return cpu_build.build(SOURCE, directory)
+    return cpu_build.build(SOURCE, directory, extra_flags())
 
 
 @functools.cache
 def load() -> ctypes.CDLL | None:
     """The kernel library, or None (turned off, or it cannot be built: logged once)."""
     library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_ATTENTION_KERNEL", "CPU paged attention kernel"
+        SOURCE, "PAGEDSERVE_CPU_ATTENTION_KERNEL", "CPU paged attention kernel", extra_flags()
     )
     if library is None:
         return None
+    library.paged_attention_uses_bf16_dot.restype = ctypes.c_int
+    library.paged_attention_uses_bf16_dot.argtypes = []
     function = library.paged_attention
     function.restype = ctypes.c_int
     function.argtypes = [
@@ -68,6 +77,12 @@ def load() -> ctypes.CDLL | None:
         ctypes.c_int,  # is_bf16
     ]
     return library
+
+
+def uses_bf16_dot() -> bool:
+    """Whether the loaded kernel scores bf16 caches with `vdpbf16ps`."""
+    library = load()
+    return library is not None and bool(library.paged_attention_uses_bf16_dot())
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:
