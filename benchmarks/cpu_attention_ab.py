@@ -32,9 +32,13 @@ CASES = [(1, 176, 1), (16, 176, 1), (16, 176, 4), (32, 300, 4), (64, 300, 1)]
 
 
 def build_at_revision(revision: str, directory: Path) -> Path:
-    """The kernel's source (and its header, where that revision has one) as of `revision`,
-    built into `directory`. Raises ValueError when `revision` has no such kernel."""
-    for name in ("cpu_paged_attention.c", "cpu_bf16.h"):
+    """The kernel's source and the headers beside it as of `revision`, built into
+    `directory`. Raises ValueError when `revision` has no such kernel."""
+    listed = subprocess.run(
+        ["git", "ls-tree", "--name-only", revision, "kernels/"], capture_output=True, text=True
+    ).stdout.split()
+    headers = [Path(path).name for path in listed if path.endswith(".h")]
+    for name in ("cpu_paged_attention.c", *headers):
         shown = subprocess.run(
             ["git", "show", f"{revision}:kernels/{name}"], capture_output=True, text=True
         )

@@ -42,7 +42,7 @@
 #include "cpu_bf16.h"
 
 #ifdef __AVX512BF16__
-#include <immintrin.h>
+#include "cpu_attention_bf16_dot.h"
 #endif
 
 typedef float v8f __attribute__((vector_size(32)));
@@ -177,66 +177,6 @@ static void score_keys(float *scores, int64_t stride, const float *queries, int6
     }
 }
 
-#ifdef __AVX512BF16__
-#define DOT_MAX_HEAD_DIM 256 /* 128 bf16 pairs of queries held as 128 zmm on the stack */
-#define DOT_LANES 16
-#define DOT_KEYS 8 /* keys scored together */
-
-/* score_keys for a bf16 cache and bf16 queries on a CPU with AVX512-BF16: one `vdpbf16ps`
- * takes one bf16 pair (two dimensions) of 16 query rows at once (lane = row) against that
- * pair of one key, broadcast from the cache. A row's score is then a plain sum over the pairs
- * in its own lane (no sum across lanes, no widening of keys), two dimensions per instruction;
- * what a row gets depends only on that row and the key, never on which rows share the call.
- * query_rows[r] is row r's first bf16; rows are scored 16 at a time, DOT_KEYS keys at a
- * time. head_dim must be a multiple of 4 (two pairs a pass). */
-static void score_keys_bf16_dot(float *scores, int64_t stride, const uint16_t *const *query_rows,
-                                int64_t rows, const void *k_cache, const void *v_cache,
-                                const int64_t *offsets, int64_t seq_len, int64_t d, float scale) {
-    const int64_t pairs = d / 2;
-    const uint16_t *keys = (const uint16_t *)k_cache;
-    for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES) {
-        const int64_t n = rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES;
-        __m512i qt[DOT_MAX_HEAD_DIM / 2];
-        for (int64_t p = 0; p < pairs; p++) {
-            uint32_t lanes[DOT_LANES] = {0};
-            for (int64_t i = 0; i < n; i++) memcpy(&lanes[i], query_rows[r0 + i] + 2 * p, 4);
-            qt[p] = _mm512_loadu_si512(lanes);
-        }
-        for (int64_t t = 0; t < seq_len; t += DOT_KEYS) {
-            const int64_t num_keys = seq_len - t < DOT_KEYS ? seq_len - t : DOT_KEYS;
-            for (int64_t a = t + PREFETCH_TILES * DOT_KEYS;
-                 a < t + (PREFETCH_TILES + 1) * DOT_KEYS && a < seq_len; a++)
-                for (int64_t b = 0; b < 2 * d; b += 64) {
-                    __builtin_prefetch((const char *)k_cache + 2 * offsets[a] + b);
-                    __builtin_prefetch((const char *)v_cache + 2 * offsets[a] + b);
-                }
-            const uint16_t *key[DOT_KEYS];
-            for (int64_t k = 0; k < DOT_KEYS; k++) key[k] = keys + offsets[t + (k < num_keys ? k : 0)];
-            /* two sums per key (even and odd pairs): 2 * DOT_KEYS independent chains keep
-             * vdpbf16ps busy through its latency */
-            __m512 even[DOT_KEYS], odd[DOT_KEYS];
-            for (int k = 0; k < DOT_KEYS; k++) even[k] = odd[k] = _mm512_setzero_ps();
-            for (int64_t p = 0; p < pairs; p += 2) {
-                const __m512bh q0 = (__m512bh)qt[p], q1 = (__m512bh)qt[p + 1];
-                for (int k = 0; k < DOT_KEYS; k++) {
-                    uint32_t pair[2];
-                    memcpy(pair, key[k] + 2 * p, 8);
-                    even[k] = _mm512_dpbf16_ps(even[k], q0,
-                                               (__m512bh)_mm512_set1_epi32((int)pair[0]));
-                    odd[k] = _mm512_dpbf16_ps(odd[k], q1, (__m512bh)_mm512_set1_epi32((int)pair[1]));
-                }
-            }
-            for (int64_t k = 0; k < num_keys; k++) {
-                float column[DOT_LANES];
-                const __m512 sum = _mm512_add_ps(even[k], odd[k]);
-                _mm512_storeu_ps(column, _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
-                for (int64_t i = 0; i < n; i++) scores[(r0 + i) * stride + t + k] = column[i];
-            }
-        }
-    }
-}
-#endif
-
 /* The largest of x[0 .. n) (-inf for none; NaNs are passed over, as by a scalar
  * `x > max ? x : max`): 8 running maxima, then their largest. */
 static inline float max_of(const float *x, int64_t n) {
@@ -324,87 +264,16 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
     }
 }
 
-#ifdef __AVX512BF16__
-#define DOT_ROW_GROUP 6 /* rows weighed together: 6 x 4 accumulators of 16 dimensions */
-
-/* Rows t and t + 1 of the bf16 value cache interleaved for `vdpbf16ps`: out[i] (a zmm of 16
- * bf16 pairs) pairs dimensions c0 + 8 * (i % 16 / 4) + i % 4 (+ 4 in the odd zmm) of both
- * rows, for each 32-dimension block c0. `next` NULL: row t + 1 is past the context (zeros,
- * never read: an unused slot may hold anything). */
-static inline void interleave_values(__m512i *out, const uint16_t *row, const uint16_t *next,
-                                     int64_t d) {
-    for (int64_t c = 0; c < d; c += 32) {
-        const __m512i a = _mm512_loadu_si512(row + c);
-        const __m512i b = next != NULL ? _mm512_loadu_si512(next + c) : _mm512_setzero_si512();
-        _mm512_storeu_si512(out++, _mm512_unpacklo_epi16(a, b));
-        _mm512_storeu_si512(out++, _mm512_unpackhi_epi16(a, b));
-    }
-}
-
-/* weigh_values for a bf16 cache on a CPU with AVX512-BF16: the softmax weights are rounded to
- * bf16 (as GPU kernels round P before P V) and each `vdpbf16ps` adds two keys' terms for 16
- * dimensions of one row. Each row's sums run over pairs of keys in order, whatever the other
- * rows. `weights` rows are rewritten in place as bf16 pairs; `interleaved` takes
- * (seq_len + 1) / 2 * d / 16 zmm (any alignment). head_dim must be a multiple of 64. */
-static void weigh_values_bf16_dot(float *acc, float *weights, int64_t stride, int64_t rows,
-                                  const void *v_cache, const int64_t *offsets, int64_t seq_len,
-                                  int64_t d, __m512i *interleaved) {
-    const int64_t num_pairs = (seq_len + 1) / 2, per_pair = d / 16;
-    const uint16_t *values = (const uint16_t *)v_cache;
-    for (int64_t tp = 0; tp < num_pairs; tp++) {
-        const int64_t t = 2 * tp;
-        interleave_values(interleaved + tp * per_pair, values + offsets[t],
-                          t + 1 < seq_len ? values + offsets[t + 1] : NULL, d);
-    }
-    for (int64_t r = 0; r < rows; r++) { /* row r as bf16 in place: pair k is bf16 2k, 2k + 1 */
-        float *row = weights + r * stride;
-        for (int64_t t = 0; t < 2 * num_pairs; t += 32) { /* the bf16 of t..t+31 land on t/2.. */
-            const int64_t left = 2 * num_pairs - t; /* <= stride: softmax zeroed past seq_len */
-            const __mmask16 lo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
-            const __mmask16 hi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
-            const __m512 a = _mm512_maskz_loadu_ps(lo, row + t);
-            const __m512 b = _mm512_maskz_loadu_ps(hi, row + t + 16);
-            const __mmask32 both = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
-            _mm512_mask_storeu_epi16((uint16_t *)row + t, both,
-                                     (__m512i)_mm512_cvtne2ps_pbh(b, a));
-        }
-    }
-    for (int64_t r0 = 0; r0 < rows; r0 += DOT_ROW_GROUP) {
-        const int64_t n = rows - r0 < DOT_ROW_GROUP ? rows - r0 : DOT_ROW_GROUP;
-        for (int64_t b = 0; b < per_pair; b += 4) { /* 64 dimensions: 4 zmm of pairs */
-            __m512 sums[DOT_ROW_GROUP][4];
-            for (int i = 0; i < DOT_ROW_GROUP; i++)
-                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
-            for (int64_t tp = 0; tp < num_pairs; tp++) {
-                const __m512i *at = interleaved + tp * per_pair + b;
-                __m512bh v[4];
-                for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
-                for (int64_t i = 0; i < n; i++) {
-                    uint32_t w;
-                    memcpy(&w, weights + (r0 + i) * stride + tp, 4);
-                    const __m512bh wp = (__m512bh)_mm512_set1_epi32((int)w);
-                    for (int k = 0; k < 4; k++)
-                        sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
-                }
-            }
-            for (int64_t i = 0; i < n; i++)
-                for (int k = 0; k < 4; k++) {
-                    float lanes[16];
-                    _mm512_storeu_ps(lanes, sums[i][k]);
-                    float *out = acc + (r0 + i) * d + (b + k) / 2 * 32 + (k % 2) * 4;
-                    for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
-                }
-        }
-    }
-}
-#endif
+/* Rows of scores a pair's scratch holds: the bf16 dot path keeps 16 rows per key whatever
+ * the number of rows. */
+static inline int64_t score_rows(int64_t rows) { return rows < 16 ? 16 : rows; }
 
 /* One (sequence, KV head) pair: rows = num_new * group query rows; row (j, g) is new token j's
  * query head kv_head * group + g and sees the first seq_len - num_new + j + 1 keys.
  * scratch: scores (rows * stride), accumulators and queries (rows * d each), a tile of
  * TILE * d widened rows, rows normalizers, seq_len widened value rows (bf16), then seq_len
- * row offsets, seq_len value row pointers and rows query row pointers (8 bytes, 2 floats
- * each). */
+ * row offsets, seq_len value row pointers, rows query row pointers and rows last keys (8
+ * bytes, 2 floats each). The scores take score_rows(rows) * stride floats. */
 static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                         const void *v_cache, const int32_t *table, int64_t seq_len,
                         int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
@@ -416,7 +285,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     const int64_t cache_row = num_kv_heads * d; /* elements between tokens in a block */
     const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
     float *scores = scratch;
-    float *acc = scores + rows * stride;
+    float *acc = scores + score_rows(rows) * stride;
     float *queries = acc + rows * d;
     float *tile = queries + rows * d;
     float *inv_sum = tile + TILE * d;
@@ -431,27 +300,37 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
         }
     row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
 #ifdef __AVX512BF16__
-    if (is_bf16 && d <= DOT_MAX_HEAD_DIM) {
-        const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
-        for (int64_t j = 0; j < num_new; j++)
-            for (int64_t g = 0; g < group; g++)
-                query_rows[j * group + g] = (const uint16_t *)q + (first_row + j) * q_row_stride +
-                                            (kv_head * group + g) * d;
-        score_keys_bf16_dot(scores, stride, (const uint16_t *const *)query_rows, rows, k_cache,
-                            v_cache, offsets, seq_len, d, scale);
-    } else
-#endif
+    if (is_bf16 && dot_supports(d) && rows < DOT_MIN_ROWS) {
+        /* a decode's few rows would leave most of dot_attend_rows' 16 lanes empty: score and
+         * normalize them by row as below, and weigh with vdpbf16ps */
         score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
                    is_bf16, tile);
-    softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
-#ifdef __AVX512BF16__
-    if (is_bf16 && d % 64 == 0)
-        weigh_values_bf16_dot(acc, scores, stride, rows, v_cache, offsets, seq_len, d,
-                              (__m512i *)rows_f);
-    else
+        softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
+        dot_round_rows(scores, stride, rows, seq_len);
+        interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
+        dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
+    } else if (is_bf16 && dot_supports(d)) {
+        const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
+        int64_t *last = (int64_t *)(query_rows + rows);
+        for (int64_t r = 0; r < rows; r++) {
+            const int64_t j = r / group, head = kv_head * group + r % group;
+            query_rows[r] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
+            last[r] = seq_len - num_new + j;
+        }
+        interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
+        for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
+            dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
+                            rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
+                            offsets, seq_len, d, scale, (const __m512i *)rows_f, scores);
+    } else
 #endif
+    {
+        score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
+                   is_bf16, tile);
+        softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
         weigh_values(acc, scores, stride, rows, v_cache, offsets, seq_len, d, is_bf16, rows_f,
                      (const float **)(offsets + seq_len));
+    }
     for (int64_t r = 0; r < rows; r++) {
         const int64_t j = r / group, head = kv_head * group + r % group;
         char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * elem;
@@ -470,9 +349,9 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         const int64_t s = seqs[i];
         const int64_t rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
         const int64_t stride = (seq_lens[s] + TILE - 1) / TILE * TILE;
-        const int64_t need = rows * stride + 2 * rows * head_dim + TILE * head_dim + rows + 1 +
-                             (int64_t)seq_lens[s] * head_dim + 4 * (int64_t)seq_lens[s] +
-                             2 * rows;
+        const int64_t need = score_rows(rows) * stride + 2 * rows * head_dim +
+                             TILE * head_dim + rows + 1 + (int64_t)seq_lens[s] * head_dim +
+                             4 * (int64_t)seq_lens[s] + 4 * rows;
         most = need > most ? need : most;
     }
     int64_t work = 0; /* key rows scored, over all pairs: below PARALLEL_MIN_WORK, waking

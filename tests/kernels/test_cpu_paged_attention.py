@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from kernels import cpu_paged_attention
+from kernels.cpu_small_gemm import cpu_has_avx512_bf16
 from kernels.reference import paged_prefill_attention
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
 
@@ -47,6 +48,24 @@ def expected(case) -> torch.Tensor:
 def test_the_kernel_builds_here():
     """CI installs a C compiler: the fast path must be there, not silently fall back."""
     assert cpu_paged_attention.load() is not None
+
+
+def test_bf16_caches_use_vdpbf16ps_where_the_cpu_has_it():
+    assert cpu_paged_attention.uses_bf16_dot() == cpu_has_avx512_bf16()
+
+
+@pytest.mark.parametrize("query_lens", [[4, 4, 3, 1, 6], [1, 1, 1, 1, 1]], ids=["verify", "decode"])
+def test_bf16_error_is_about_that_of_rounding_the_output(query_lens):
+    """Long contexts, rows scored 16 to a zmm (verification: 9-18 rows a KV head) and by row
+    (decode: 3): where the kernel rounds the softmax weights to bf16 (vdpbf16ps), its error
+    stays near the bf16 rounding of the exact output itself."""
+    case = make_paged_case(
+        [170, 301, 64, 33, 250], query_lens, 9, 3, 64, 16, torch.bfloat16, seed=3
+    )
+    want = expected(case)
+    error = (attend(case).float() - want).abs().max().item()
+    rounding = (want.bfloat16().float() - want).abs().max().item()
+    assert error <= 1.5 * rounding
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

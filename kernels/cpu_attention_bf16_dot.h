@@ -1,0 +1,238 @@
+/* Paged attention of a bf16 cache on a CPU with AVX512-BF16: the part of
+ * kernels/cpu_paged_attention.c that `vdpbf16ps` does, included there when the kernel is built
+ * with -mavx512bf16 (kernels/cpu_paged_attention.py asks for it where the CPU has the
+ * instructions and torch runs at AVX-512).
+ *
+ * Query rows sit in the 16 lanes of a zmm, 16 rows at a time, and everything per row happens
+ * lane-wise, so a row's result depends only on its own query and context, never on which rows
+ * share the call:
+ *   1. scores: one `vdpbf16ps` takes one bf16 pair (two dimensions) of the 16 query rows
+ *      against that pair of one key, broadcast from the cache; a score is a plain sum over the
+ *      pairs in its row's lane (no sum across lanes, no widening of keys). Scores are kept key
+ *      by key, [key][16 rows], one store per key.
+ *   2. softmax over keys, 16 rows at once (exact: max-subtracted, the exp and its sum in
+ *      float32); the weights are then rounded to bf16, as GPU kernels round P before P V.
+ *   3. P V: each `vdpbf16ps` adds two keys' terms for 16 dimensions of one row, against the
+ *      value rows of both keys interleaved once per (sequence, KV head).
+ * Needs head_dim a multiple of 64 and at most DOT_MAX_HEAD_DIM.
+ */
+#ifndef PAGEDSERVE_CPU_ATTENTION_BF16_DOT_H
+#define PAGEDSERVE_CPU_ATTENTION_BF16_DOT_H
+
+#include <immintrin.h>
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#define DOT_LANES 16          /* query rows per zmm */
+#define DOT_MIN_ROWS 8        /* fewer rows: scored and normalized by row (see attend_pair) */
+#define DOT_KEYS 8            /* keys scored together */
+#define DOT_ROW_GROUP 6       /* rows weighed together: 6 x 4 accumulators of 16 dimensions */
+#define DOT_MAX_HEAD_DIM 256  /* the queries' pairs, held as zmm on the stack */
+#define DOT_PREFETCH_KEYS 16  /* keys ahead whose K and V rows the score loop prefetches */
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+
+static inline int dot_supports(int64_t d) { return d % 64 == 0 && d <= DOT_MAX_HEAD_DIM; }
+
+/* exp(x) for 16 values x <= 0 (-inf included): exp8_nonpositive of cpu_paged_attention.c,
+ * 16 lanes wide. */
+static inline v16f exp16_nonpositive(v16f x) {
+    const v16i tiny = x < -87.0f;
+    x = (v16f)(((v16i)x & ~tiny) | ((v16i)((v16f){0} - 87.0f) & tiny));
+    const v16f y = x * 1.44269504088896341f + 0.5f;
+    v16f n = __builtin_convertvector(__builtin_convertvector(y, v16i), v16f);
+    n -= (v16f)((v16i)((v16f){0} + 1.0f) & (n > y));
+    const v16f r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    v16f p = (v16f){0} + 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const v16i two_n = (__builtin_convertvector(n, v16i) + 127) << 23;
+    return (v16f)((v16i)(p * (v16f)two_n) & ~tiny);
+}
+
+/* Value rows t and t + 1 of one KV head interleaved for `vdpbf16ps`: for each 32-dimension
+ * block c0, out gets unpacklo then unpackhi of the two rows, lane l of which pairs dimension
+ * c0 + 8 * (l / 4) + l % 4 (+ 4 in unpackhi) of both. `next` NULL: row t + 1 is past the
+ * context (zeros; its slot is never read, it may hold anything). */
+static inline void interleave_values(__m512i *out, const uint16_t *row, const uint16_t *next,
+                                     int64_t d) {
+    for (int64_t c = 0; c < d; c += 32) {
+        const __m512i a = _mm512_loadu_si512(row + c);
+        const __m512i b = next != NULL ? _mm512_loadu_si512(next + c) : _mm512_setzero_si512();
+        _mm512_storeu_si512(out++, _mm512_unpacklo_epi16(a, b));
+        _mm512_storeu_si512(out++, _mm512_unpackhi_epi16(a, b));
+    }
+}
+
+/* All pairs of value rows of one (sequence, KV head): (seq_len + 1) / 2 * d / 16 zmm. */
+static void interleave_all_values(__m512i *interleaved, const void *v_cache,
+                                  const int64_t *offsets, int64_t seq_len, int64_t d) {
+    const uint16_t *values = (const uint16_t *)v_cache;
+    for (int64_t t = 0; t < seq_len; t += 2)
+        interleave_values(interleaved + t / 2 * (d / 16), values + offsets[t],
+                          t + 1 < seq_len ? values + offsets[t + 1] : NULL, d);
+}
+
+/* scores[t * 16 + i] = scale * <query row i, key t>, rows i < n (lanes past n: 0). */
+static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t n,
+                       const void *k_cache, const void *v_cache, const int64_t *offsets,
+                       int64_t seq_len, int64_t d, float scale) {
+    const int64_t pairs = d / 2;
+    const uint16_t *keys = (const uint16_t *)k_cache;
+    __m512i qt[DOT_MAX_HEAD_DIM / 2]; /* qt[p] lane i: row i's pair p */
+    for (int64_t p = 0; p < pairs; p++) {
+        uint32_t lanes[DOT_LANES] = {0};
+        for (int64_t i = 0; i < n; i++) memcpy(&lanes[i], query_rows[i] + 2 * p, 4);
+        qt[p] = _mm512_loadu_si512(lanes);
+    }
+    const __m512 scale16 = _mm512_set1_ps(scale);
+    for (int64_t t = 0; t < seq_len; t += DOT_KEYS) {
+        const int64_t num_keys = seq_len - t < DOT_KEYS ? seq_len - t : DOT_KEYS;
+        for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + DOT_KEYS && a < seq_len;
+             a++)
+            for (int64_t b = 0; b < 2 * d; b += 64) {
+                __builtin_prefetch((const char *)k_cache + 2 * offsets[a] + b);
+                __builtin_prefetch((const char *)v_cache + 2 * offsets[a] + b);
+            }
+        const uint16_t *key[DOT_KEYS];
+        for (int64_t k = 0; k < DOT_KEYS; k++) key[k] = keys + offsets[t + (k < num_keys ? k : 0)];
+        /* two sums per key (even and odd pairs): 2 * DOT_KEYS independent chains keep
+         * vdpbf16ps busy through its latency */
+        __m512 even[DOT_KEYS], odd[DOT_KEYS];
+        for (int k = 0; k < DOT_KEYS; k++) even[k] = odd[k] = _mm512_setzero_ps();
+        for (int64_t p = 0; p < pairs; p += 2) {
+            const __m512bh q0 = (__m512bh)qt[p], q1 = (__m512bh)qt[p + 1];
+            for (int k = 0; k < DOT_KEYS; k++) {
+                int32_t pair0, pair1;
+                memcpy(&pair0, key[k] + 2 * p, 4);
+                memcpy(&pair1, key[k] + 2 * p + 2, 4);
+                even[k] = _mm512_dpbf16_ps(even[k], q0, (__m512bh)_mm512_set1_epi32(pair0));
+                odd[k] = _mm512_dpbf16_ps(odd[k], q1, (__m512bh)_mm512_set1_epi32(pair1));
+            }
+        }
+        for (int64_t k = 0; k < num_keys; k++)
+            _mm512_storeu_ps(scores + (t + k) * DOT_LANES,
+                             _mm512_mul_ps(_mm512_add_ps(even[k], odd[k]), scale16));
+    }
+}
+
+/* Scores -> bf16 softmax weights, in place: pair k of row i (keys 2k and 2k + 1; 0 past the
+ * row's visible keys) becomes the 32-bit word k * 16 + i. Row i sees keys t <= last[i]. 1 / the
+ * sum of each row's float32 weights goes to inv_sum. */
+static void dot_softmax(float *scores, const int64_t *last, int64_t n, int64_t seq_len,
+                        float *inv_sum) {
+    __mmask16 live = 0;
+    int64_t first_hidden = seq_len; /* no row hides a key before this one */
+    for (int64_t i = 0; i < n; i++) {
+        live |= (__mmask16)(1u << i);
+        first_hidden = last[i] + 1 < first_hidden ? last[i] + 1 : first_hidden;
+    }
+    for (int64_t t = first_hidden; t < seq_len; t++) {
+        __mmask16 hidden = 0;
+        for (int64_t i = 0; i < n; i++) hidden |= (__mmask16)((t > last[i]) << i);
+        float *s = scores + t * DOT_LANES;
+        _mm512_storeu_ps(s, _mm512_mask_mov_ps(_mm512_loadu_ps(s), hidden,
+                                               _mm512_set1_ps(-INFINITY)));
+    }
+    __m512 max = _mm512_set1_ps(-INFINITY);
+    for (int64_t t = 0; t < seq_len; t++) max = _mm512_max_ps(max, _mm512_loadu_ps(scores + t * DOT_LANES));
+    max = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, max); /* unused lanes: no inf - inf */
+    const __m512i interleave = _mm512_set_epi16(
+        31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,
+        19, 3, 18, 2, 17, 1, 16, 0); /* word 2i: word i of a, 2i + 1: word i of b */
+    v16f sum = {0};
+    for (int64_t t = 0; t < seq_len; t += 2) {
+        v16f e0, e1 = {0};
+        const __m512 s0 = _mm512_loadu_ps(scores + t * DOT_LANES);
+        e0 = exp16_nonpositive((v16f)_mm512_sub_ps(s0, max));
+        sum += e0;
+        if (t + 1 < seq_len) {
+            const __m512 s1 = _mm512_loadu_ps(scores + (t + 1) * DOT_LANES);
+            e1 = exp16_nonpositive((v16f)_mm512_sub_ps(s1, max));
+            sum += e1;
+        }
+        const __m512i words = (__m512i)_mm512_cvtne2ps_pbh((__m512)e1, (__m512)e0);
+        /* word k * 16 + i lies in key 2k's scores, read above: in place is safe */
+        _mm512_storeu_si512(scores + t / 2 * DOT_LANES,
+                            _mm512_permutexvar_epi16(interleave, words));
+    }
+    for (int64_t i = 0; i < n; i++) inv_sum[i] = 1.0f / sum[i];
+}
+
+/* acc[i * d + c] = sum over keys of row i's bf16 weight times value [c], for rows i < n: the
+ * weights of row i, keys 2k and 2k + 1, are the 32-bit word k * pair_step + i * row_step of
+ * `weights`; `interleaved` as interleave_all_values. */
+static void dot_weigh(float *acc, const float *weights, int64_t pair_step, int64_t row_step,
+                      int64_t n, int64_t seq_len, int64_t d, const __m512i *interleaved) {
+    const int64_t num_pairs = (seq_len + 1) / 2, per_pair = d / 16;
+    for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP) {
+        const int64_t rows = n - r0 < DOT_ROW_GROUP ? n - r0 : DOT_ROW_GROUP;
+        for (int64_t b = 0; b < per_pair; b += 4) { /* 64 dimensions: 4 zmm of pairs */
+            __m512 sums[DOT_ROW_GROUP][4];
+            for (int i = 0; i < DOT_ROW_GROUP; i++)
+                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
+            for (int64_t tp = 0; tp < num_pairs; tp++) {
+                const __m512i *at = interleaved + tp * per_pair + b;
+                __m512bh v[4];
+                for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
+                for (int64_t i = 0; i < rows; i++) {
+                    int32_t w;
+                    memcpy(&w, weights + tp * pair_step + (r0 + i) * row_step, 4);
+                    const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
+                    for (int k = 0; k < 4; k++)
+                        sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
+                }
+            }
+            for (int64_t i = 0; i < rows; i++)
+                for (int k = 0; k < 4; k++) {
+                    float lanes[16];
+                    _mm512_storeu_ps(lanes, sums[i][k]);
+                    float *out = acc + (r0 + i) * d + (b + k) / 2 * 32 + (k % 2) * 4;
+                    for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
+                }
+        }
+    }
+}
+
+/* Softmax weights laid out by row (row r at weights + r * stride, 0 past its visible keys up
+ * to stride, as softmax_rows leaves them) rounded to bf16 in place: pair k of row r becomes the
+ * 32-bit word r * stride + k, as dot_weigh reads with pair_step 1 and row_step stride. */
+static void dot_round_rows(float *weights, int64_t stride, int64_t rows, int64_t seq_len) {
+    const int64_t used = seq_len + (seq_len & 1); /* <= stride */
+    for (int64_t r = 0; r < rows; r++) {
+        float *row = weights + r * stride;
+        for (int64_t t = 0; t < used; t += 32) { /* the bf16 of t..t+31 land on words t/2.. */
+            const int64_t left = used - t;
+            const __mmask16 lo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+            const __mmask16 hi = left >= 32   ? 0xffff
+                                 : left <= 16 ? 0
+                                              : (__mmask16)((1u << (left - 16)) - 1);
+            const __mmask32 both = left >= 32 ? 0xffffffffu : (__mmask32)((1u << left) - 1);
+            const __m512 a = _mm512_maskz_loadu_ps(lo, row + t);
+            const __m512 b = _mm512_maskz_loadu_ps(hi, row + t + 16);
+            _mm512_mask_storeu_epi16((uint16_t *)row + t, both,
+                                     (__m512i)_mm512_cvtne2ps_pbh(b, a));
+        }
+    }
+}
+
+/* Rows [row0, row0 + n) (n <= 16) of one (sequence, KV head): acc[i * d ...] gets row row0 + i's
+ * unnormalized output and inv_sum[i] its normalizer. Row r sees keys t <= last_key(r).
+ * scratch: seq_len * 16 floats (rounded up to even seq_len). */
+static void dot_attend_rows(float *acc, float *inv_sum, const uint16_t *const *query_rows,
+                            const int64_t *last, int64_t n, const void *k_cache,
+                            const void *v_cache, const int64_t *offsets, int64_t seq_len,
+                            int64_t d, float scale, const __m512i *interleaved,
+                            float *scratch) {
+    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, seq_len, d, scale);
+    dot_softmax(scratch, last, n, seq_len, inv_sum);
+    dot_weigh(acc, scratch, DOT_LANES, 1, n, seq_len, d, interleaved);
+}
+
+#endif
