@@ -3,9 +3,9 @@
  * with -mavx512bf16 (kernels/cpu_paged_attention.py asks for it where the CPU has the
  * instructions and torch runs at AVX-512).
  *
- * Query rows sit in the 16 lanes of a zmm, 16 rows at a time, and everything per row happens
- * lane-wise, so a row's result depends only on its own query and context, never on which rows
- * share the call:
+ * From DOT_MIN_ROWS rows a (sequence, KV head) (speculative verification, short chunks), the
+ * query rows sit in the 16 lanes of a zmm, 16 rows at a time, and everything per row happens
+ * lane-wise:
  *   1. scores: one `vdpbf16ps` takes one bf16 pair (two dimensions) of the 16 query rows
  *      against that pair of one key, broadcast from the cache; a score is a plain sum over the
  *      pairs in its row's lane (no sum across lanes, no widening of keys). Scores are kept key
@@ -14,6 +14,12 @@
  *      float32); the weights are then rounded to bf16, as GPU kernels round P before P V.
  *   3. P V: each `vdpbf16ps` adds two keys' terms for 16 dimensions of one row, against the
  *      value rows of both keys interleaved once per (sequence, KV head).
+ * A decode's few rows would leave most lanes empty: they are scored by row (32 dimensions of
+ * one key a `vdpbf16ps`, the 16 partial sums then added across lanes), normalized by
+ * kernels/cpu_paged_attention.c's softmax_rows, and weighed as in 3.
+ * Either way a row's result depends only on its own query and context, never on which rows
+ * share the call; it does depend on how many rows its (sequence, KV head) has (the two ways
+ * add in different orders), as bf16 linears already depend on the batch.
  * Needs head_dim a multiple of 64 and at most DOT_MAX_HEAD_DIM.
  */
 #ifndef PAGEDSERVE_CPU_ATTENTION_BF16_DOT_H
@@ -119,6 +125,53 @@ static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t
         for (int64_t k = 0; k < num_keys; k++)
             _mm512_storeu_ps(scores + (t + k) * DOT_LANES,
                              _mm512_mul_ps(_mm512_add_ps(even[k], odd[k]), scale16));
+    }
+}
+
+/* Lane i of the result: the sum of the 16 lanes of a[i]. */
+static inline __m256 sum_lanes16x8(const __m512 a[8]) {
+    __m512 b[4], c[2];
+    for (int i = 0; i < 4; i++) /* per 128 bits: [x0+x2, y0+y2, x1+x3, y1+y3] */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    for (int j = 0; j < 2; j++) { /* per 128 bits: one partial sum of each of 4 keys */
+        const __m512d u = _mm512_castps_pd(b[2 * j]), v = _mm512_castps_pd(b[2 * j + 1]);
+        c[j] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(u, v)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(u, v)));
+    }
+    const __m512 e = _mm512_add_ps(_mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                   _mm512_shuffle_f32x4(c[0], c[1], _MM_SHUFFLE(3, 1, 3, 1)));
+    const __m512 g = _mm512_shuffle_f32x4(e, e, _MM_SHUFFLE(3, 1, 2, 0));
+    return _mm256_add_ps(_mm512_castps512_ps256(g), _mm512_extractf32x8_ps(g, 1));
+}
+
+/* scores[r * stride + t] = scale * <query row r, key t> for a decode's few rows, by row: 32
+ * dimensions of one key a `vdpbf16ps`, 8 keys at a time, each key's 16 partial sums added
+ * across lanes. Scores past seq_len up to the 8-key tile are written too (softmax_rows hides
+ * them). */
+static void dot_scores_by_row(float *scores, int64_t stride, const uint16_t *const *query_rows,
+                              int64_t rows, const void *k_cache, const void *v_cache,
+                              const int64_t *offsets, int64_t seq_len, int64_t d, float scale) {
+    const uint16_t *keys = (const uint16_t *)k_cache;
+    const __m256 scale8 = _mm256_set1_ps(scale);
+    for (int64_t t = 0; t < seq_len; t += 8) {
+        for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + 8 && a < seq_len; a++)
+            for (int64_t b = 0; b < 2 * d; b += 64) {
+                __builtin_prefetch((const char *)k_cache + 2 * offsets[a] + b);
+                __builtin_prefetch((const char *)v_cache + 2 * offsets[a] + b);
+            }
+        const uint16_t *key[8];
+        for (int64_t k = 0; k < 8; k++) key[k] = keys + offsets[t + k < seq_len ? t + k : t];
+        for (int64_t r = 0; r < rows; r++) {
+            __m512 acc[8];
+            for (int k = 0; k < 8; k++) acc[k] = _mm512_setzero_ps();
+            for (int64_t c = 0; c < d; c += 32) {
+                const __m512bh q = (__m512bh)_mm512_loadu_si512(query_rows[r] + c);
+                for (int k = 0; k < 8; k++)
+                    acc[k] = _mm512_dpbf16_ps(acc[k], q, (__m512bh)_mm512_loadu_si512(key[k] + c));
+            }
+            _mm256_storeu_ps(scores + r * stride + t, _mm256_mul_ps(sum_lanes16x8(acc), scale8));
+        }
     }
 }
 

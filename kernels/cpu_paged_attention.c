@@ -302,9 +302,13 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
 #ifdef __AVX512BF16__
     if (is_bf16 && dot_supports(d) && rows < DOT_MIN_ROWS) {
         /* a decode's few rows would leave most of dot_attend_rows' 16 lanes empty: score and
-         * normalize them by row as below, and weigh with vdpbf16ps */
-        score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
-                   is_bf16, tile);
+         * normalize them by row, and weigh with vdpbf16ps */
+        const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
+        for (int64_t r = 0; r < rows; r++)
+            query_rows[r] = (const uint16_t *)q + (first_row + r / group) * q_row_stride +
+                            (kv_head * group + r % group) * d;
+        dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows, k_cache,
+                          v_cache, offsets, seq_len, d, scale);
         softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
         dot_round_rows(scores, stride, rows, seq_len);
         interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
