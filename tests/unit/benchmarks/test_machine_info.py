@@ -21,6 +21,11 @@ def test_flags_and_model_come_from_the_first_processor() -> None:
     assert cpu_flags("") == set()
 
 
+def test_the_model_carries_family_and_model_numbers_where_given() -> None:
+    cpuinfo = "processor\t: 0\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+    assert cpu_model(cpuinfo) == "AMD EPYC (family 26, model 2)"
+
+
 def test_the_record_names_the_isa_caps_set_for_the_run(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MKL_ENABLE_INSTRUCTIONS", "AVX2")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
