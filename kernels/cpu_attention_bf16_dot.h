@@ -276,16 +276,19 @@ static void dot_round_rows(float *weights, int64_t stride, int64_t rows, int64_t
 }
 
 /* Rows [row0, row0 + n) (n <= 16) of one (sequence, KV head): acc[i * d ...] gets row row0 + i's
- * unnormalized output and inv_sum[i] its normalizer. Row r sees keys t <= last_key(r).
+ * unnormalized output and inv_sum[i] its normalizer. Row i sees keys t <= last[i] (< seq_len);
+ * keys no row of the block sees are not read.
  * scratch: seq_len * 16 floats (rounded up to even seq_len). */
 static void dot_attend_rows(float *acc, float *inv_sum, const uint16_t *const *query_rows,
                             const int64_t *last, int64_t n, const void *k_cache,
                             const void *v_cache, const int64_t *offsets, int64_t seq_len,
                             int64_t d, float scale, const __m512i *interleaved,
                             float *scratch) {
-    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, seq_len, d, scale);
-    dot_softmax(scratch, last, n, seq_len, inv_sum);
-    dot_weigh(acc, scratch, DOT_LANES, 1, n, seq_len, d, interleaved);
+    int64_t keys = 0; /* the keys some row of the block sees: a prompt's early rows see few */
+    for (int64_t i = 0; i < n; i++) keys = last[i] + 1 > keys ? last[i] + 1 : keys;
+    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale);
+    dot_softmax(scratch, last, n, keys, inv_sum);
+    dot_weigh(acc, scratch, DOT_LANES, 1, n, keys, d, interleaved);
 }
 
 #endif

@@ -35,6 +35,7 @@
  * Returns 0, or -1 if scratch memory could not be allocated.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -365,6 +366,10 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         work += (int64_t)(query_start[s + 1] - query_start[s]) * group * seq_lens[s];
     }
     work *= num_kv_heads;
+    /* Threads take whole sequences, unless there are fewer than threads (one long prompt):
+     * then (sequence, KV head) pairs. The split changes no result. */
+    const int by_pair = num_seqs < omp_get_max_threads();
+    const int64_t units = by_pair ? num_seqs * num_kv_heads : num_seqs;
     int failed = 0;
 #pragma omp parallel if (work >= PARALLEL_MIN_WORK)
     {
@@ -374,9 +379,10 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
             failed = 1;
         }
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t i = 0; i < num_seqs; i++)
-            for (int64_t h = 0; h < num_kv_heads; h++) {
-                const int64_t s = seqs[i];
+        for (int64_t u = 0; u < units; u++)
+            for (int64_t h = by_pair ? u % num_kv_heads : 0;
+                 h < (by_pair ? u % num_kv_heads + 1 : num_kv_heads); h++) {
+                const int64_t s = seqs[by_pair ? u / num_kv_heads : u];
                 const int64_t num_new = query_start[s + 1] - query_start[s];
                 if (scratch == NULL || num_new == 0) continue;
                 attend_pair(out, q, q_row_stride, k_cache, v_cache,

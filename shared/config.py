@@ -64,7 +64,7 @@ class CacheConfig:
 
 
 # Draft tokens per sequence and step, at most: with the token they follow, a sequence's step
-# stays within the CPU attention kernel's short-query path (KERNEL_MAX_QUERY_LEN, 16).
+# stays within the CPU attention kernel's short-query path (16 new tokens, SHORT_QUERY_LEN).
 MAX_SPECULATIVE_TOKENS = 15
 # drafts only in steps of at most this many sequences (see services/scheduler/speculation.py)
 DEFAULT_SPECULATIVE_MAX_NUM_SEQS = 32

@@ -177,3 +177,25 @@ def test_the_isa_follows_torchs_capability(monkeypatch):
     assert "-mavx2" in flags and not any(f.startswith("-mavx512") for f in flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
     assert not any(f.startswith("-mavx") for f in cpu_paged_attention.compile_flags())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_whole_prompts_attend_causally(dtype):
+    """A bf16 prompt of any length goes through the kernel where it uses vdpbf16ps (row
+    blocks early in a prompt read only the keys they see); one or two sequences are split
+    between threads by KV head."""
+    for seq_lens, query_lens in (([300], [300]), ([300, 57], [300, 25])):
+        case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, dtype, seed=5)
+        want = expected(case)
+        got = attend(case).float()
+        if dtype == torch.float32:
+            torch.testing.assert_close(got, want, **TOLERANCES[dtype])
+        else:
+            rounding = (want.bfloat16().float() - want).abs().max().item()
+            assert (got - want).abs().max().item() <= 1.5 * rounding
+
+
+def test_the_longest_chunk_the_kernel_takes():
+    assert cpu_paged_attention.max_query_len(torch.float32) == 16
+    bf16 = cpu_paged_attention.max_query_len(torch.bfloat16)
+    assert bf16 == (None if cpu_has_avx512_bf16() else 16)

@@ -1,11 +1,12 @@
 """The CPU (and fallback) backend, built on the batched plain-torch functions of
 kernels/reference.py, which stay its test oracle.
 
-On a CPU with a C compiler, every sequence with at most `KERNEL_MAX_QUERY_LEN` new tokens
-(decodes, short chunks) is attended by one call of the C kernel
-`kernels/cpu_paged_attention.c`, which reads the paged cache in place; longer chunks keep the
-SDPA path below. Without the kernel (no compiler, `PAGEDSERVE_CPU_ATTENTION_KERNEL=0`, another
-device or dtype) everything takes the torch paths.
+On a CPU with a C compiler, every sequence with at most `cpu_paged_attention.max_query_len`
+new tokens (decodes, short chunks: 16; any chunk for bf16 where the kernel uses `vdpbf16ps`)
+is attended by one call of the C kernel `kernels/cpu_paged_attention.c`, which reads the
+paged cache in place; longer chunks keep the SDPA path below. Without the kernel (no
+compiler, `PAGEDSERVE_CPU_ATTENTION_KERNEL=0`, another device or dtype) everything takes the
+torch paths.
 
 Two hot paths are done here more cheaply than the reference does them, because on CPU they
 dominate a decode step: the KV write is one `index_copy_` per cache (no boolean masking when
@@ -192,7 +193,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Short sequences through the C kernel in one call, long chunks through SDPA."""
-        split = _kernel_split(metadata)
+        split = _kernel_split(metadata, cpu_paged_attention.max_query_len(query.dtype))
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if split.short is not None:
             cpu_paged_attention.attend(split.short, query, k_cache, v_cache, self.scale, out)
@@ -230,26 +231,26 @@ DECODE_GROUPS_KEY = "torch_decode_groups"
 ALL_SLOTS_VALID_KEY = "torch_all_slots_valid"
 KERNEL_SPLIT_KEY = "torch_kernel_split"
 
+
 # The most new tokens of one sequence the C kernel attends; longer chunks go through SDPA.
 # One chunk, AVX2 fp32, 2 threads, 100 cached tokens: the kernel is 2.4x SDPA's time at 2 new
 # tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products, SDPA's a GEMM).
-KERNEL_MAX_QUERY_LEN = 16
-
-
 @dataclass(frozen=True, slots=True)
 class KernelSplit:
     short: cpu_paged_attention.PreparedStep | None  # the sequences the kernel attends; None: none
     long: list[int]  # sequences attended by `chunk_attention`
 
 
-def _kernel_split(metadata: AttentionMetadata) -> KernelSplit:
-    """The step's sequences split by query length, decided by the first layer."""
+def _kernel_split(metadata: AttentionMetadata, max_len: int | None) -> KernelSplit:
+    """The step's sequences split by query length (the kernel's: at most `max_len` new
+    tokens, None: any), decided by the first layer."""
     split = metadata.backend_scratch.get(KERNEL_SPLIT_KEY)
     if split is None:
         starts = metadata.query_start_list
         lens = [starts[i + 1] - starts[i] for i in range(metadata.num_seqs)]
-        short = [i for i, n in enumerate(lens) if 0 < n <= KERNEL_MAX_QUERY_LEN]
-        long = [i for i, n in enumerate(lens) if n > KERNEL_MAX_QUERY_LEN]
+        limit = max_len if max_len is not None else max(lens, default=0)
+        short = [i for i, n in enumerate(lens) if 0 < n <= limit]
+        long = [i for i, n in enumerate(lens) if n > limit]
         prepared = None
         if short:
             prepared = cpu_paged_attention.prepare(
