@@ -194,7 +194,8 @@ static void dot_softmax(float *scores, const int64_t *last, int64_t n, int64_t s
                                                _mm512_set1_ps(-INFINITY)));
     }
     __m512 max = _mm512_set1_ps(-INFINITY);
-    for (int64_t t = 0; t < seq_len; t++) max = _mm512_max_ps(max, _mm512_loadu_ps(scores + t * DOT_LANES));
+    for (int64_t t = 0; t < seq_len; t++)
+        max = _mm512_max_ps(max, _mm512_loadu_ps(scores + t * DOT_LANES));
     max = _mm512_mask_mov_ps(_mm512_setzero_ps(), live, max); /* unused lanes: no inf - inf */
     const __m512i interleave = _mm512_set_epi16(
         31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6, 21, 5, 20, 4,

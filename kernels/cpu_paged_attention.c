@@ -265,16 +265,22 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
     }
 }
 
-/* Rows of scores a pair's scratch holds: the bf16 dot path keeps 16 rows per key whatever
- * the number of rows. */
-static inline int64_t score_rows(int64_t rows) { return rows < 16 ? 16 : rows; }
+/* Rows of scores a pair's scratch holds: all its rows by row, or 16 rows per key on the bf16
+ * dot path's lanes (a block of 16 rows at a time, however long the chunk). */
+static inline int64_t score_rows(int64_t rows, int64_t d, int is_bf16) {
+#ifdef __AVX512BF16__
+    if (is_bf16 && dot_supports(d) && rows >= DOT_MIN_ROWS) return DOT_LANES;
+#endif
+    (void)d, (void)is_bf16;
+    return rows;
+}
 
 /* One (sequence, KV head) pair: rows = num_new * group query rows; row (j, g) is new token j's
  * query head kv_head * group + g and sees the first seq_len - num_new + j + 1 keys.
  * scratch: scores (rows * stride), accumulators and queries (rows * d each), a tile of
  * TILE * d widened rows, rows normalizers, seq_len widened value rows (bf16), then seq_len
  * row offsets, seq_len value row pointers, rows query row pointers and rows last keys (8
- * bytes, 2 floats each). The scores take score_rows(rows) * stride floats. */
+ * bytes, 2 floats each). The scores take score_rows(...) * stride floats. */
 static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                         const void *v_cache, const int32_t *table, int64_t seq_len,
                         int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
@@ -286,7 +292,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     const int64_t cache_row = num_kv_heads * d; /* elements between tokens in a block */
     const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
     float *scores = scratch;
-    float *acc = scores + score_rows(rows) * stride;
+    float *acc = scores + score_rows(rows, d, is_bf16) * stride;
     float *queries = acc + rows * d;
     float *tile = queries + rows * d;
     float *inv_sum = tile + TILE * d;
@@ -354,7 +360,7 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         const int64_t s = seqs[i];
         const int64_t rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
         const int64_t stride = (seq_lens[s] + TILE - 1) / TILE * TILE;
-        const int64_t need = score_rows(rows) * stride + 2 * rows * head_dim +
+        const int64_t need = score_rows(rows, head_dim, is_bf16) * stride + 2 * rows * head_dim +
                              TILE * head_dim + rows + 1 + (int64_t)seq_lens[s] * head_dim +
                              4 * (int64_t)seq_lens[s] + 4 * rows;
         most = need > most ? need : most;

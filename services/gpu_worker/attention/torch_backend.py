@@ -232,9 +232,6 @@ ALL_SLOTS_VALID_KEY = "torch_all_slots_valid"
 KERNEL_SPLIT_KEY = "torch_kernel_split"
 
 
-# The most new tokens of one sequence the C kernel attends; longer chunks go through SDPA.
-# One chunk, AVX2 fp32, 2 threads, 100 cached tokens: the kernel is 2.4x SDPA's time at 2 new
-# tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products, SDPA's a GEMM).
 @dataclass(frozen=True, slots=True)
 class KernelSplit:
     short: cpu_paged_attention.PreparedStep | None  # the sequences the kernel attends; None: none
