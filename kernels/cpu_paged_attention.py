@@ -90,13 +90,16 @@ def uses_bf16_dot() -> bool:
 # time at 2 new tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products,
 # SDPA's a GEMM).
 SHORT_QUERY_LEN = 16
+DOT_MAX_HEAD_DIM = 256  # as in cpu_attention_bf16_dot.h
 
 
-def max_query_len(dtype: torch.dtype) -> int | None:
+def max_query_len(dtype: torch.dtype, head_dim: int) -> int | None:
     """The longest chunk (new tokens of one sequence) worth attending with this kernel rather
     than SDPA; None: any. From ~32 new tokens a GEMM beats the float32 dot products, but the
-    `vdpbf16ps` path attends a bf16 prompt of 300 tokens several times faster than SDPA."""
-    if dtype == torch.bfloat16 and uses_bf16_dot():
+    `vdpbf16ps` path (bf16, head_dim a multiple of 64 up to 256) attends a bf16 prompt of 300
+    tokens several times faster than SDPA."""
+    dot_head = head_dim % 64 == 0 and head_dim <= DOT_MAX_HEAD_DIM
+    if dtype == torch.bfloat16 and dot_head and uses_bf16_dot():
         return None
     return SHORT_QUERY_LEN
 

@@ -196,6 +196,8 @@ def test_whole_prompts_attend_causally(dtype):
 
 
 def test_the_longest_chunk_the_kernel_takes():
-    assert cpu_paged_attention.max_query_len(torch.float32) == 16
-    bf16 = cpu_paged_attention.max_query_len(torch.bfloat16)
-    assert bf16 == (None if cpu_has_avx512_bf16() else 16)
+    assert cpu_paged_attention.max_query_len(torch.float32, 64) == 16
+    assert cpu_paged_attention.max_query_len(torch.bfloat16, 64) == (
+        None if cpu_has_avx512_bf16() else 16
+    )
+    assert cpu_paged_attention.max_query_len(torch.bfloat16, 40) == 16  # not a dot head

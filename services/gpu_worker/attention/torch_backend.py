@@ -193,7 +193,8 @@ class TorchAttentionBackend(BaseAttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Short sequences through the C kernel in one call, long chunks through SDPA."""
-        split = _kernel_split(metadata, cpu_paged_attention.max_query_len(query.dtype))
+        max_len = cpu_paged_attention.max_query_len(query.dtype, query.shape[-1])
+        split = _kernel_split(metadata, max_len)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if split.short is not None:
             cpu_paged_attention.attend(split.short, query, k_cache, v_cache, self.scale, out)

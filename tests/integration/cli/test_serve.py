@@ -120,13 +120,17 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     assert first.error is None and first.events[-1] == "[DONE]"
     assert first.finish_reasons() == ["length"] and first.text()
 
-    # `pagedserve queue --json` while requests run shows them.
-    streams = [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
+    # `pagedserve queue --json` while requests run shows them. A fast CPU serves the tiny
+    # model's 220 tokens in well under the second a `queue` process takes to start, so streams
+    # are started afresh until a snapshot catches some in flight.
+    streams: list[Stream] = []
     seen_ids: set[str] = set()
     # Generous: each `queue` call starts a Python process, slow on a loaded 2-core box (a
     # 60 s bound ran out there before the streams' requests were queued).
     deadline = time.monotonic() + 300
     while not seen_ids and time.monotonic() < deadline:
+        if not any(stream.thread.is_alive() for stream in streams):
+            streams += [Stream(serve.base_url, f"story {i}", 220) for i in range(3)]
         snapshot = serve.queue_json()
         seen_ids = {r["request_id"] for r in snapshot["in_flight"]}
     assert seen_ids, "queue never showed a request in flight"
