@@ -30,6 +30,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 #define DOT_LANES 16          /* query rows per zmm */
 #define DOT_MIN_ROWS 8        /* fewer rows: scored and normalized by row (see attend_pair) */
 #define DOT_KEYS 8            /* keys scored together */
@@ -42,25 +44,7 @@ typedef int32_t v16i __attribute__((vector_size(64)));
 
 static inline int dot_supports(int64_t d) { return d % 64 == 0 && d <= DOT_MAX_HEAD_DIM; }
 
-/* exp(x) for 16 values x <= 0 (-inf included): exp8_nonpositive of cpu_paged_attention.c,
- * 16 lanes wide. */
-static inline v16f exp16_nonpositive(v16f x) {
-    const v16i tiny = x < -87.0f;
-    x = (v16f)(((v16i)x & ~tiny) | ((v16i)((v16f){0} - 87.0f) & tiny));
-    const v16f y = x * 1.44269504088896341f + 0.5f;
-    v16f n = __builtin_convertvector(__builtin_convertvector(y, v16i), v16f);
-    n -= (v16f)((v16i)((v16f){0} + 1.0f) & (n > y));
-    const v16f r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v16f p = (v16f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const v16i two_n = (__builtin_convertvector(n, v16i) + 127) << 23;
-    return (v16f)((v16i)(p * (v16f)two_n) & ~tiny);
-}
+DEFINE_EXP_NONPOSITIVE(exp16_nonpositive, v16f, v16i) /* cpu_exp.h, 16 lanes */
 
 /* Value rows t and t + 1 of one KV head interleaved for `vdpbf16ps`: for each 32-dimension
  * block c0, out gets unpacklo then unpackhi of the two rows, lane l of which pairs dimension

@@ -41,6 +41,7 @@
 #include <string.h>
 
 #include "cpu_bf16.h"
+#include "cpu_exp.h"
 
 #ifdef __AVX512BF16__
 #include "cpu_attention_bf16_dot.h"
@@ -112,25 +113,7 @@ static inline v8f sum_lanes8(const v8f a[8]) {
     return __builtin_shuffle(quad[0], quad[1], lo4) + __builtin_shuffle(quad[0], quad[1], hi4);
 }
 
-/* exp(x) for 8 values x <= 0 (Cephes expf: range reduction by ln 2, degree-6 polynomial,
- * within 2 ulp); 0 below -87, where expf underflows. */
-static inline v8f exp8_nonpositive(v8f x) {
-    const v8i tiny = x < -87.0f;
-    x = (v8f)(((v8i)x & ~tiny) | ((v8i)((v8f){0} - 87.0f) & tiny));
-    const v8f y = x * 1.44269504088896341f + 0.5f;
-    v8f n = __builtin_convertvector(__builtin_convertvector(y, v8i), v8f); /* toward 0 */
-    n -= (v8f)((v8i)((v8f){0} + 1.0f) & (n > y)); /* floor: y <= 0.5 may be negative */
-    const v8f r = x - n * 0.693359375f + n * 2.12194440e-4f;
-    v8f p = (v8f){0} + 1.9875691500e-4f;
-    p = p * r + 1.3981999507e-3f;
-    p = p * r + 8.3334519073e-3f;
-    p = p * r + 4.1665795894e-2f;
-    p = p * r + 1.6666665459e-1f;
-    p = p * r + 5.0000001201e-1f;
-    p = p * r * r + r + 1.0f;
-    const v8i two_n = (__builtin_convertvector(n, v8i) + 127) << 23;
-    return (v8f)((v8i)(p * (v8f)two_n) & ~tiny);
-}
+DEFINE_EXP_NONPOSITIVE(exp8_nonpositive, v8f, v8i) /* cpu_exp.h, 8 lanes */
 
 /* offsets[t]: where token t's row for `kv_head` starts in either cache, in elements. */
 static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
@@ -265,14 +248,20 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
     }
 }
 
+/* Whether a pair's rows go through the bf16 dot path's lanes (dot_attend_rows). */
+static inline int in_dot_lanes(int64_t rows, int64_t d, int is_bf16) {
+#ifdef __AVX512BF16__
+    return is_bf16 && dot_supports(d) && rows >= DOT_MIN_ROWS;
+#else
+    (void)rows, (void)d, (void)is_bf16;
+    return 0;
+#endif
+}
+
 /* Rows of scores a pair's scratch holds: all its rows by row, or 16 rows per key on the bf16
  * dot path's lanes (a block of 16 rows at a time, however long the chunk). */
 static inline int64_t score_rows(int64_t rows, int64_t d, int is_bf16) {
-#ifdef __AVX512BF16__
-    if (is_bf16 && dot_supports(d) && rows >= DOT_MIN_ROWS) return DOT_LANES;
-#endif
-    (void)d, (void)is_bf16;
-    return rows;
+    return in_dot_lanes(rows, d, is_bf16) ? 16 : rows;
 }
 
 /* One (sequence, KV head) pair: rows = num_new * group query rows; row (j, g) is new token j's
@@ -307,20 +296,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
         }
     row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
 #ifdef __AVX512BF16__
-    if (is_bf16 && dot_supports(d) && rows < DOT_MIN_ROWS) {
-        /* a decode's few rows would leave most of dot_attend_rows' 16 lanes empty: score and
-         * normalize them by row, and weigh with vdpbf16ps */
-        const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
-        for (int64_t r = 0; r < rows; r++)
-            query_rows[r] = (const uint16_t *)q + (first_row + r / group) * q_row_stride +
-                            (kv_head * group + r % group) * d;
-        dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows, k_cache,
-                          v_cache, offsets, seq_len, d, scale);
-        softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
-        dot_round_rows(scores, stride, rows, seq_len);
-        interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
-        dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
-    } else if (is_bf16 && dot_supports(d)) {
+    if (is_bf16 && dot_supports(d)) {
         const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
         int64_t *last = (int64_t *)(query_rows + rows);
         for (int64_t r = 0; r < rows; r++) {
@@ -329,10 +305,18 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             last[r] = seq_len - num_new + j;
         }
         interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
-        for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
-            dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
-                            rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
-                            offsets, seq_len, d, scale, (const __m512i *)rows_f, scores);
+        if (in_dot_lanes(rows, d, is_bf16)) {
+            for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
+                dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
+                                rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
+                                offsets, seq_len, d, scale, (const __m512i *)rows_f, scores);
+        } else { /* a decode's few rows would leave most lanes empty: by row */
+            dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows,
+                              k_cache, v_cache, offsets, seq_len, d, scale);
+            softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
+            dot_round_rows(scores, stride, rows, seq_len);
+            dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
+        }
     } else
 #endif
     {

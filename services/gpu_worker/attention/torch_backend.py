@@ -193,8 +193,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Short sequences through the C kernel in one call, long chunks through SDPA."""
-        max_len = cpu_paged_attention.max_query_len(query.dtype, query.shape[-1])
-        split = _kernel_split(metadata, max_len)
+        split = _kernel_split(metadata, query)
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if split.short is not None:
             cpu_paged_attention.attend(split.short, query, k_cache, v_cache, self.scale, out)
@@ -239,11 +238,12 @@ class KernelSplit:
     long: list[int]  # sequences attended by `chunk_attention`
 
 
-def _kernel_split(metadata: AttentionMetadata, max_len: int | None) -> KernelSplit:
-    """The step's sequences split by query length (the kernel's: at most `max_len` new
-    tokens, None: any), decided by the first layer."""
+def _kernel_split(metadata: AttentionMetadata, query: torch.Tensor) -> KernelSplit:
+    """The step's sequences split by query length (the kernel's: at most
+    `cpu_paged_attention.max_query_len` new tokens), decided by the first layer."""
     split = metadata.backend_scratch.get(KERNEL_SPLIT_KEY)
     if split is None:
+        max_len = cpu_paged_attention.max_query_len(query.dtype, query.shape[-1])
         starts = metadata.query_start_list
         lens = [starts[i + 1] - starts[i] for i in range(metadata.num_seqs)]
         limit = max_len if max_len is not None else max(lens, default=0)
