@@ -9,6 +9,10 @@ gives both medians, their ratio, and whether the outputs are bit-identical. Case
 and speculative-verification shapes of SmolLM2-135M (9 query heads, 3 KV heads, head_dim 64,
 blocks of 16) at the sequence counts and contexts of the performance suite's workload. Run it
 with `ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2` to build and time the AVX2 code.
+
+Each timed call reads another of `--layers` caches (30, as SmolLM2's layers do in a step), so
+its keys and values come from memory as in a model, not from the caches the last call left
+warm (`--layers 1` gives the warm figure).
 """
 
 from __future__ import annotations
@@ -51,15 +55,17 @@ def build_at_revision(revision: str, directory: Path) -> Path:
     )
 
 
-def make_case(num_seqs: int, context: int, new_tokens: int, dtype: torch.dtype, seed: int = 0):
-    """A paged cache with shuffled blocks and contexts spread around `context`."""
+def make_case(
+    num_seqs: int, context: int, new_tokens: int, dtype: torch.dtype, layers: int, seed: int = 0
+):
+    """`layers` paged caches with shuffled blocks and contexts spread around `context`."""
     generator = torch.Generator().manual_seed(seed)
     max_len = context + context // 2
     blocks_per_seq = -(-max_len // BLOCK_SIZE)
     num_blocks = num_seqs * blocks_per_seq
-    shape = (num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
-    k_cache = torch.randn(shape, generator=generator).to(dtype)
-    v_cache = torch.randn(shape, generator=generator).to(dtype)
+    shape = (layers, num_blocks, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.empty(shape, dtype=dtype).normal_(generator=generator)
+    v_cache = torch.empty(shape, dtype=dtype).normal_(generator=generator)
     tables = torch.randperm(num_blocks, generator=generator).to(torch.int32)
     lens = torch.randint(context // 2, max_len, (num_seqs,), generator=generator)
     starts = torch.arange(num_seqs + 1, dtype=torch.int32) * new_tokens
@@ -75,18 +81,21 @@ def call(library: ctypes.CDLL, step, query, k_cache, v_cache, out) -> None:
 
 
 def time_pair(base, head, case, repeats: int) -> tuple[float, float, bool]:
-    """Median seconds a call of each library, alternating; and whether they agree bitwise."""
-    step, query, k_cache, v_cache = case
+    """Median seconds a call of each library (the mean over a pass through the layers'
+    caches), the libraries alternating pass by pass; and whether they agree bitwise."""
+    step, query, k_caches, v_caches = case
     out_base, out_head = torch.empty_like(query), torch.empty_like(query)
-    call(base, step, query, k_cache, v_cache, out_base)
-    call(head, step, query, k_cache, v_cache, out_head)
+    call(base, step, query, k_caches[0], v_caches[0], out_base)
+    call(head, step, query, k_caches[0], v_caches[0], out_head)
     identical = torch.equal(out_base, out_head)
     times: dict[str, list[float]] = {"base": [], "head": []}
-    for _ in range(repeats):
+    layers = len(k_caches)
+    for _ in range(max(1, repeats // layers)):
         for name, library, out in (("base", base, out_base), ("head", head, out_head)):
             start = time.perf_counter()
-            call(library, step, query, k_cache, v_cache, out)
-            times[name].append(time.perf_counter() - start)
+            for k_cache, v_cache in zip(k_caches, v_caches, strict=True):
+                call(library, step, query, k_cache, v_cache, out)
+            times[name].append((time.perf_counter() - start) / layers)
     return statistics.median(times["base"]), statistics.median(times["head"]), identical
 
 
@@ -94,7 +103,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="git revision to compare against")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--repeats", type=int, default=60)
+    parser.add_argument("--repeats", type=int, default=300, help="calls per library and case")
+    parser.add_argument("--layers", type=int, default=30, help="caches the calls rotate over")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     head = cpu_paged_attention.load()
@@ -109,12 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             return 2
     base.paged_attention.restype = ctypes.c_int
     base.paged_attention.argtypes = head.paged_attention.argtypes
-    print(f"base {args.base}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}")
+    print(
+        f"base {args.base}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}, "
+        f"{args.layers} caches in turn"
+    )
     print("| seqs | context | new | dtype | base us | this tree us | speed-up | identical |")
     print("|---|---|---|---|---|---|---|---|")
     for num_seqs, context, new_tokens in CASES:
         for dtype in (torch.float32, torch.bfloat16):
-            case = make_case(num_seqs, context, new_tokens, dtype)
+            case = make_case(num_seqs, context, new_tokens, dtype, args.layers)
             base_s, head_s, identical = time_pair(base, head, case, args.repeats)
             print(
                 f"| {num_seqs} | ~{context} | {new_tokens} | {str(dtype).removeprefix('torch.')} "

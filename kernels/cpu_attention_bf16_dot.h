@@ -38,6 +38,9 @@
 #define DOT_ROW_GROUP 6       /* rows weighed together: 6 x 4 accumulators of 16 dimensions */
 #define DOT_MAX_HEAD_DIM 256  /* the queries' pairs, held as zmm on the stack */
 #define DOT_PREFETCH_KEYS 16  /* keys ahead whose K and V rows the score loop prefetches */
+#define DOT_PREFETCH_ROWS 32  /* rows ahead whose K and V rows interleave_all_values prefetches */
+
+_Static_assert(DOT_ROW_GROUP == 6, "dot_weigh's switch covers groups of 1 to 6 rows");
 
 typedef float v16f __attribute__((vector_size(64)));
 typedef int32_t v16i __attribute__((vector_size(64)));
@@ -60,13 +63,29 @@ static inline void interleave_values(__m512i *out, const uint16_t *row, const ui
     }
 }
 
-/* All pairs of value rows of one (sequence, KV head): (seq_len + 1) / 2 * d / 16 zmm. */
-static void interleave_all_values(__m512i *interleaved, const void *v_cache,
+/* Prefetch the key and value rows at `offset` (d elements each). */
+static inline void prefetch_token(const void *k_cache, const void *v_cache, int64_t offset,
+                                  int64_t d) {
+    for (int64_t b = 0; b < 2 * d; b += 64) {
+        __builtin_prefetch((const char *)k_cache + 2 * offset + b);
+        __builtin_prefetch((const char *)v_cache + 2 * offset + b);
+    }
+}
+
+/* All pairs of value rows of one (sequence, KV head): (seq_len + 1) / 2 * d / 16 zmm. The
+ * cache's rows are scattered over blocks, so the loop fetches DOT_PREFETCH_ROWS tokens ahead,
+ * keys too, which the scores read next (both fit in L2). */
+static void interleave_all_values(__m512i *interleaved, const void *k_cache, const void *v_cache,
                                   const int64_t *offsets, int64_t seq_len, int64_t d) {
     const uint16_t *values = (const uint16_t *)v_cache;
-    for (int64_t t = 0; t < seq_len; t += 2)
+    for (int64_t a = 0; a < DOT_PREFETCH_ROWS && a < seq_len; a++)
+        prefetch_token(k_cache, v_cache, offsets[a], d);
+    for (int64_t t = 0; t < seq_len; t += 2) {
+        for (int64_t a = t + DOT_PREFETCH_ROWS; a < t + DOT_PREFETCH_ROWS + 2 && a < seq_len; a++)
+            prefetch_token(k_cache, v_cache, offsets[a], d);
         interleave_values(interleaved + t / 2 * (d / 16), values + offsets[t],
                           t + 1 < seq_len ? values + offsets[t + 1] : NULL, d);
+    }
 }
 
 /* scores[t * 16 + i] = scale * <query row i, key t>, rows i < n (lanes past n: 0). */
@@ -86,10 +105,7 @@ static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t
         const int64_t num_keys = seq_len - t < DOT_KEYS ? seq_len - t : DOT_KEYS;
         for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + DOT_KEYS && a < seq_len;
              a++)
-            for (int64_t b = 0; b < 2 * d; b += 64) {
-                __builtin_prefetch((const char *)k_cache + 2 * offsets[a] + b);
-                __builtin_prefetch((const char *)v_cache + 2 * offsets[a] + b);
-            }
+            prefetch_token(k_cache, v_cache, offsets[a], d);
         const uint16_t *key[DOT_KEYS];
         for (int64_t k = 0; k < DOT_KEYS; k++) key[k] = keys + offsets[t + (k < num_keys ? k : 0)];
         /* two sums per key (even and odd pairs): 2 * DOT_KEYS independent chains keep
@@ -140,10 +156,7 @@ static void dot_scores_by_row(float *scores, int64_t stride, const uint16_t *con
     const __m256 scale8 = _mm256_set1_ps(scale);
     for (int64_t t = 0; t < seq_len; t += 8) {
         for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + 8 && a < seq_len; a++)
-            for (int64_t b = 0; b < 2 * d; b += 64) {
-                __builtin_prefetch((const char *)k_cache + 2 * offsets[a] + b);
-                __builtin_prefetch((const char *)v_cache + 2 * offsets[a] + b);
-            }
+            prefetch_token(k_cache, v_cache, offsets[a], d);
         const uint16_t *key[8];
         for (int64_t k = 0; k < 8; k++) key[k] = keys + offsets[t + k < seq_len ? t + k : t];
         for (int64_t r = 0; r < rows; r++) {
@@ -203,38 +216,54 @@ static void dot_softmax(float *scores, const int64_t *last, int64_t n, int64_t s
     for (int64_t i = 0; i < n; i++) inv_sum[i] = 1.0f / sum[i];
 }
 
+/* dot_weigh for `rows` rows from r0 (a constant where inlined: the 6 x 4 sums then stay in
+ * registers, where a loop bound known only at run time spills them to the stack each pair). */
+static inline __attribute__((always_inline)) void dot_weigh_group(
+    float *acc, const float *weights, int64_t pair_step, int64_t row_step, int64_t r0,
+    const int rows, int64_t num_pairs, int64_t d, const __m512i *interleaved) {
+    const int64_t per_pair = d / 16;
+    for (int64_t b = 0; b < per_pair; b += 4) { /* 64 dimensions: 4 zmm of pairs */
+        __m512 sums[DOT_ROW_GROUP][4];
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
+        for (int64_t tp = 0; tp < num_pairs; tp++) {
+            const __m512i *at = interleaved + tp * per_pair + b;
+            __m512bh v[4];
+            for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
+            for (int i = 0; i < rows; i++) {
+                int32_t w;
+                memcpy(&w, weights + tp * pair_step + (r0 + i) * row_step, 4);
+                const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
+                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
+            }
+        }
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < 4; k++) {
+                float lanes[16];
+                _mm512_storeu_ps(lanes, sums[i][k]);
+                float *out = acc + (r0 + i) * d + (b + k) / 2 * 32 + (k % 2) * 4;
+                for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
+            }
+    }
+}
+
 /* acc[i * d + c] = sum over keys of row i's bf16 weight times value [c], for rows i < n: the
  * weights of row i, keys 2k and 2k + 1, are the 32-bit word k * pair_step + i * row_step of
  * `weights`; `interleaved` as interleave_all_values. */
 static void dot_weigh(float *acc, const float *weights, int64_t pair_step, int64_t row_step,
                       int64_t n, int64_t seq_len, int64_t d, const __m512i *interleaved) {
-    const int64_t num_pairs = (seq_len + 1) / 2, per_pair = d / 16;
+    const int64_t num_pairs = (seq_len + 1) / 2;
     for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP) {
         const int64_t rows = n - r0 < DOT_ROW_GROUP ? n - r0 : DOT_ROW_GROUP;
-        for (int64_t b = 0; b < per_pair; b += 4) { /* 64 dimensions: 4 zmm of pairs */
-            __m512 sums[DOT_ROW_GROUP][4];
-            for (int i = 0; i < DOT_ROW_GROUP; i++)
-                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
-            for (int64_t tp = 0; tp < num_pairs; tp++) {
-                const __m512i *at = interleaved + tp * per_pair + b;
-                __m512bh v[4];
-                for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
-                for (int64_t i = 0; i < rows; i++) {
-                    int32_t w;
-                    memcpy(&w, weights + tp * pair_step + (r0 + i) * row_step, 4);
-                    const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
-                    for (int k = 0; k < 4; k++)
-                        sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
-                }
-            }
-            for (int64_t i = 0; i < rows; i++)
-                for (int k = 0; k < 4; k++) {
-                    float lanes[16];
-                    _mm512_storeu_ps(lanes, sums[i][k]);
-                    float *out = acc + (r0 + i) * d + (b + k) / 2 * 32 + (k % 2) * 4;
-                    for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
-                }
+#define WEIGH_GROUP(R)                                                                        \
+    case R:                                                                                   \
+        dot_weigh_group(acc, weights, pair_step, row_step, r0, R, num_pairs, d, interleaved); \
+        break;
+        switch (rows) {
+            WEIGH_GROUP(1) WEIGH_GROUP(2) WEIGH_GROUP(3) WEIGH_GROUP(4) WEIGH_GROUP(5)
+            WEIGH_GROUP(6)
         }
+#undef WEIGH_GROUP
     }
 }
 

@@ -304,7 +304,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             query_rows[r] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
             last[r] = seq_len - num_new + j;
         }
-        interleave_all_values((__m512i *)rows_f, v_cache, offsets, seq_len, d);
+        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d);
         if (in_dot_lanes(rows, d, is_bf16)) {
             for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
                 dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,

@@ -23,7 +23,7 @@ needs_git_and_kernel = pytest.mark.skipif(
 @needs_git_and_kernel
 def test_committed_kernel_against_itself_is_bit_identical(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cpu_attention_ab, "CASES", [(3, 40, 2)])
-    assert cpu_attention_ab.main(["--base", "HEAD", "--repeats", "2", "--threads", "1"]) == 0
+    assert cpu_attention_ab.main(["--base", "HEAD", "--repeats", "2", "--threads", "1", "--layers", "2"]) == 0
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 ")]
     assert len(rows) == 2  # fp32 and bf16
     committed = subprocess.run(
@@ -40,10 +40,10 @@ def test_a_revision_without_the_kernel_is_refused(capsys) -> None:
 
 
 def test_cases_read_inside_their_blocks() -> None:
-    step, query, k_cache, _ = cpu_attention_ab.make_case(4, 40, 2, torch.float32)
+    step, query, k_caches, _ = cpu_attention_ab.make_case(4, 40, 2, torch.float32, layers=3)
     max_blocks = step.args[1]
     lens = step.tensors[1]
     assert query.shape == (8, cpu_attention_ab.NUM_HEADS, cpu_attention_ab.HEAD_DIM)
     assert int(lens.max()) <= max_blocks * cpu_attention_ab.BLOCK_SIZE
     assert int(lens.min()) >= 2  # every sequence holds its new tokens
-    assert k_cache.shape[0] == 4 * max_blocks
+    assert k_caches.shape[:2] == (3, 4 * max_blocks)  # one cache per layer
