@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
+from kernels import cpu_argmax
 from shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
@@ -268,11 +269,40 @@ def _needs_penalties(rows: list[SamplingRow]) -> bool:
     )
 
 
+def _only_argmax(row: SamplingRow) -> bool:
+    """The row's token is the argmax of its raw logits: greedy, nothing changes the logits
+    first and no logprobs are reported."""
+    p = row.params
+    return (
+        p.is_greedy
+        and p.logprobs is None
+        and not p.logit_bias
+        and p.repetition_penalty == 1.0
+        and p.presence_penalty == 0.0
+        and p.frequency_penalty == 0.0
+        and len(row.output_token_ids) >= p.min_tokens
+    )
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """`logits.argmax(dim=-1)`, through the C kernel on the CPU (7x torch's in float32, 27x in
+    bf16, for 64 rows of 49152 logits on 2 Zen 5 cores); bf16 elsewhere in float32 (torch's
+    bf16 argmax is the slowest of all). The same index either way."""
+    if cpu_argmax.supports(logits):
+        return cpu_argmax.argmax(logits)
+    return logits.float().argmax(dim=-1)
+
+
 def sample(
     logits: torch.Tensor, rows: list[SamplingRow], allowed: AllowedTokens | None = None
 ) -> SamplerOutput:
-    """One token per row of float32 `logits` [B, V]; rows that `allowed` constrains sample only
-    tokens it allows (logprobs stay those of the raw distribution)."""
+    """One token per row of `logits` [B, V] (float32, or the model's dtype, which rows that
+    only take the argmax read as it is and others in float32); rows that `allowed` constrains
+    sample only tokens it allows (logprobs stay those of the raw distribution)."""
+    if logits.dtype != torch.float32:
+        if not (allowed and allowed.row_ids) and all(_only_argmax(r) for r in rows):
+            return SamplerOutput(argmax(logits).tolist(), None, None)
+        logits = logits.float()
     raw_logits = logits
     logits = apply_logit_bias(logits, rows)
     if _needs_penalties(rows):
@@ -283,7 +313,7 @@ def sample(
         # row reports logprobs (the caller does not read them after sampling).
         wants_logprobs = any(r.params.logprobs is not None for r in rows)
         logits = apply_allowed_tokens(logits, allowed, copy=logits is raw_logits and wants_logprobs)
-    token_ids = logits.argmax(dim=-1)
+    token_ids = argmax(logits)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_rows:
         index = torch.tensor(random_rows, device=logits.device)

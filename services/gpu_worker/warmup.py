@@ -84,7 +84,7 @@ def run_worst_step(
     positions = torch.arange(num_tokens, device=device)
     hidden = model(ids, positions, kv_caches, metadata)  # [T, H]
     rows = torch.arange(max_num_seqs, device=device) % num_tokens
-    logits = model.compute_logits(hidden[rows])  # [max_num_seqs, V] fp32 on rank 0
+    logits = model.compute_logits(hidden[rows])  # [max_num_seqs, V] on rank 0
     if logits is not None:
         sample(logits, sampler_rows(max_num_seqs, logits.shape[1]))
 
@@ -174,7 +174,7 @@ def warm_up(
     """Run every kernel variant (when `shape` is given: the `triton` backend is in use) and
     the sampler once; returns the seconds each took, which on a GPU is mostly compiling."""
     calls = dict(attention_variants(*kv_caches[0], shape)) if shape is not None else {}
-    logits = torch.randn(4, vocab_size, device=device)  # [4, V] fp32, as compute_logits gives
+    logits = torch.randn(4, vocab_size, device=device)  # [4, V]: the sampler's float32 paths
     calls["sampler"] = lambda: sample(logits, sampler_rows(4, vocab_size))
     seconds: dict[str, float] = {}
     with torch.inference_mode():

@@ -230,3 +230,42 @@ def test_allowed_tokens_mask_exactly_the_forbidden_tokens_of_their_rows():
         assert torch.equal(masked[row], expected)
     assert torch.equal(masked[[0, 2]], logits[[0, 2]])  # unconstrained rows untouched
     assert torch.isfinite(logits).all()  # the caller's logits are not modified
+
+
+def test_bf16_logits_give_what_their_float32_gives_on_every_path():
+    """compute_logits hands bf16 logits over as they are: greedy rows that only take the
+    argmax read them directly, any other batch is widened first; either way, the tokens and
+    logprobs of the float32 copy."""
+    logits = make_logits(4, seed=7).to(torch.bfloat16)
+    widened = logits.float()
+    batches = [
+        [row(temperature=0.0) for _ in range(4)],  # the argmax only
+        [row(temperature=0.0, logprobs=2) for _ in range(4)],
+        [row(temperature=0.0, output=[int(widened[0].argmax())], repetition_penalty=3.0)]
+        + [row(temperature=0.0) for _ in range(3)],
+        [row(temperature=0.0, logit_bias=((5, 50.0),))] + [row(temperature=0.0)] * 3,
+        [row(temperature=0.0, min_tokens=3, eos_token_ids=(int(widened[1].argmax()),))] * 4,
+        [row(temperature=0.8, seed=3) for _ in range(4)],
+    ]
+    for rows in batches:
+        assert sample(logits, rows) == sample(widened, rows)
+
+
+def test_the_argmax_only_batch_skips_widening(monkeypatch):
+    logits = make_logits(3, seed=8).to(torch.bfloat16)
+    monkeypatch.setattr(
+        torch.Tensor, "float", lambda self: pytest.fail("widened an argmax-only batch")
+    )
+    assert sample(logits, [row(temperature=0.0)] * 3).token_ids == sampler.argmax(logits).tolist()
+
+
+def test_argmax_without_the_kernel_is_torchs(monkeypatch):
+    logits = make_logits(5, seed=9).to(torch.bfloat16)
+    with_kernel = sampler.argmax(logits)
+    monkeypatch.setenv("PAGEDSERVE_CPU_ARGMAX_KERNEL", "0")
+    sampler.cpu_argmax.load.cache_clear()
+    try:
+        assert torch.equal(sampler.argmax(logits), logits.float().argmax(-1))
+        assert torch.equal(with_kernel, logits.float().argmax(-1))
+    finally:
+        sampler.cpu_argmax.load.cache_clear()
