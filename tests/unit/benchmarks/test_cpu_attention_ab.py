@@ -23,7 +23,12 @@ needs_git_and_kernel = pytest.mark.skipif(
 @needs_git_and_kernel
 def test_committed_kernel_against_itself_is_bit_identical(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cpu_attention_ab, "CASES", [(3, 40, 2)])
-    assert cpu_attention_ab.main(["--base", "HEAD", "--repeats", "2", "--threads", "1", "--layers", "2"]) == 0
+    assert (
+        cpu_attention_ab.main(
+            ["--base", "HEAD", "--repeats", "2", "--threads", "1", "--layers", "2"]
+        )
+        == 0
+    )
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 ")]
     assert len(rows) == 2  # fp32 and bf16
     committed = subprocess.run(
