@@ -37,7 +37,6 @@
 #define DOT_KEYS 8            /* keys scored together */
 #define DOT_ROW_GROUP 6       /* rows weighed together: 6 x 4 accumulators of 16 dimensions */
 #define DOT_MAX_HEAD_DIM 256  /* the queries' pairs, held as zmm on the stack */
-#define DOT_PREFETCH_KEYS 16  /* keys ahead whose K and V rows the score loop prefetches */
 #define DOT_PREFETCH_ROWS 32  /* rows ahead whose K and V rows interleave_all_values prefetches */
 
 _Static_assert(DOT_ROW_GROUP == 6, "dot_weigh's switch covers groups of 1 to 6 rows");
@@ -88,10 +87,13 @@ static void interleave_all_values(__m512i *interleaved, const void *k_cache, con
     }
 }
 
-/* scores[t * 16 + i] = scale * <query row i, key t>, rows i < n (lanes past n: 0). */
+/* scores[t * 16 + i] = scale * <query row i, key t>, rows i < n (lanes past n: 0). next_head:
+ * elements from this KV head's rows to those of the head this thread takes next (0: none),
+ * whose keys and values the loop fetches as it goes, so they arrive while this head computes
+ * (interleave_all_values fetched this head's already). */
 static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t n,
                        const void *k_cache, const void *v_cache, const int64_t *offsets,
-                       int64_t seq_len, int64_t d, float scale) {
+                       int64_t seq_len, int64_t d, float scale, int64_t next_head) {
     const int64_t pairs = d / 2;
     const uint16_t *keys = (const uint16_t *)k_cache;
     __m512i qt[DOT_MAX_HEAD_DIM / 2]; /* qt[p] lane i: row i's pair p */
@@ -103,9 +105,9 @@ static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t
     const __m512 scale16 = _mm512_set1_ps(scale);
     for (int64_t t = 0; t < seq_len; t += DOT_KEYS) {
         const int64_t num_keys = seq_len - t < DOT_KEYS ? seq_len - t : DOT_KEYS;
-        for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + DOT_KEYS && a < seq_len;
-             a++)
-            prefetch_token(k_cache, v_cache, offsets[a], d);
+        if (next_head)
+            for (int64_t k = 0; k < num_keys; k++)
+                prefetch_token(k_cache, v_cache, offsets[t + k] + next_head, d);
         const uint16_t *key[DOT_KEYS];
         for (int64_t k = 0; k < DOT_KEYS; k++) key[k] = keys + offsets[t + (k < num_keys ? k : 0)];
         /* two sums per key (even and odd pairs): 2 * DOT_KEYS independent chains keep
@@ -148,15 +150,17 @@ static inline __m256 sum_lanes16x8(const __m512 a[8]) {
 /* scores[r * stride + t] = scale * <query row r, key t> for a decode's few rows, by row: 32
  * dimensions of one key a `vdpbf16ps`, 8 keys at a time, each key's 16 partial sums added
  * across lanes. Scores past seq_len up to the 8-key tile are written too (softmax_rows hides
- * them). */
+ * them). next_head as in dot_scores. */
 static void dot_scores_by_row(float *scores, int64_t stride, const uint16_t *const *query_rows,
                               int64_t rows, const void *k_cache, const void *v_cache,
-                              const int64_t *offsets, int64_t seq_len, int64_t d, float scale) {
+                              const int64_t *offsets, int64_t seq_len, int64_t d, float scale,
+                              int64_t next_head) {
     const uint16_t *keys = (const uint16_t *)k_cache;
     const __m256 scale8 = _mm256_set1_ps(scale);
     for (int64_t t = 0; t < seq_len; t += 8) {
-        for (int64_t a = t + DOT_PREFETCH_KEYS; a < t + DOT_PREFETCH_KEYS + 8 && a < seq_len; a++)
-            prefetch_token(k_cache, v_cache, offsets[a], d);
+        if (next_head)
+            for (int64_t a = t; a < t + 8 && a < seq_len; a++)
+                prefetch_token(k_cache, v_cache, offsets[a] + next_head, d);
         const uint16_t *key[8];
         for (int64_t k = 0; k < 8; k++) key[k] = keys + offsets[t + k < seq_len ? t + k : t];
         for (int64_t r = 0; r < rows; r++) {
@@ -291,16 +295,16 @@ static void dot_round_rows(float *weights, int64_t stride, int64_t rows, int64_t
 
 /* Rows [row0, row0 + n) (n <= 16) of one (sequence, KV head): acc[i * d ...] gets row row0 + i's
  * unnormalized output and inv_sum[i] its normalizer. Row i sees keys t <= last[i] (< seq_len);
- * keys no row of the block sees are not read.
+ * keys no row of the block sees are not read. next_head as in dot_scores.
  * scratch: seq_len * 16 floats (rounded up to even seq_len). */
 static void dot_attend_rows(float *acc, float *inv_sum, const uint16_t *const *query_rows,
                             const int64_t *last, int64_t n, const void *k_cache,
                             const void *v_cache, const int64_t *offsets, int64_t seq_len,
                             int64_t d, float scale, const __m512i *interleaved,
-                            float *scratch) {
+                            int64_t next_head, float *scratch) {
     int64_t keys = 0; /* the keys some row of the block sees: a prompt's early rows see few */
     for (int64_t i = 0; i < n; i++) keys = last[i] + 1 > keys ? last[i] + 1 : keys;
-    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale);
+    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale, next_head);
     dot_softmax(scratch, last, n, keys, inv_sum);
     dot_weigh(acc, scratch, DOT_LANES, 1, n, keys, d, interleaved);
 }

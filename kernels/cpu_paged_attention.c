@@ -269,12 +269,14 @@ static inline int64_t score_rows(int64_t rows, int64_t d, int is_bf16) {
  * scratch: scores (rows * stride), accumulators and queries (rows * d each), a tile of
  * TILE * d widened rows, rows normalizers, seq_len widened value rows (bf16), then seq_len
  * row offsets, seq_len value row pointers, rows query row pointers and rows last keys (8
- * bytes, 2 floats each). The scores take score_rows(...) * stride floats. */
+ * bytes, 2 floats each). The scores take score_rows(...) * stride floats. next_head_follows:
+ * this thread takes the sequence's next KV head right after (the bf16 dot path fetches its
+ * rows while this one computes). */
 static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                         const void *v_cache, const int32_t *table, int64_t seq_len,
                         int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
                         int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
-                        int is_bf16, float *scratch) {
+                        int is_bf16, int next_head_follows, float *scratch) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t rows = num_new * group;
     const int64_t elem = is_bf16 ? 2 : 4;
@@ -305,14 +307,16 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             last[r] = seq_len - num_new + j;
         }
         interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d);
+        const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
         if (in_dot_lanes(rows, d, is_bf16)) {
             for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
                 dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
                                 rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
-                                offsets, seq_len, d, scale, (const __m512i *)rows_f, scores);
+                                offsets, seq_len, d, scale, (const __m512i *)rows_f,
+                                r0 == 0 ? next_head : 0, scores);
         } else { /* a decode's few rows would leave most lanes empty: by row */
             dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows,
-                              k_cache, v_cache, offsets, seq_len, d, scale);
+                              k_cache, v_cache, offsets, seq_len, d, scale, next_head);
             softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
             dot_round_rows(scores, stride, rows, seq_len);
             dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
@@ -378,7 +382,7 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
                 attend_pair(out, q, q_row_stride, k_cache, v_cache,
                             block_tables + s * max_blocks, seq_lens[s], query_start[s], num_new,
                             h, num_heads, num_kv_heads, head_dim, block_size, scale, is_bf16,
-                            scratch);
+                            !by_pair && h + 1 < num_kv_heads, scratch);
             }
         free(scratch);
     }
