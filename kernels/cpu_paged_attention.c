@@ -389,11 +389,13 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
     return failed ? -1 : 0;
 }
 
-/* 1 if this build scores bf16 caches with vdpbf16ps (built for a CPU with AVX512-BF16). */
-int paged_attention_uses_bf16_dot(void) {
+/* 1 if this build scores bf16 caches of heads of head_dim with vdpbf16ps (built for a CPU
+ * with AVX512-BF16, and head_dim one cpu_attention_bf16_dot.h serves). */
+int paged_attention_uses_bf16_dot(int64_t head_dim) {
 #ifdef __AVX512BF16__
-    return 1;
+    return dot_supports(head_dim);
 #else
+    (void)head_dim;
     return 0;
 #endif
 }

@@ -54,7 +54,7 @@ def load() -> ctypes.CDLL | None:
     if library is None:
         return None
     library.paged_attention_uses_bf16_dot.restype = ctypes.c_int
-    library.paged_attention_uses_bf16_dot.argtypes = []
+    library.paged_attention_uses_bf16_dot.argtypes = [ctypes.c_int64]
     function = library.paged_attention
     function.restype = ctypes.c_int
     function.argtypes = [
@@ -79,10 +79,11 @@ def load() -> ctypes.CDLL | None:
     return library
 
 
-def uses_bf16_dot() -> bool:
-    """Whether the loaded kernel scores bf16 caches with `vdpbf16ps`."""
+def uses_bf16_dot(head_dim: int = 64) -> bool:
+    """Whether the loaded kernel scores bf16 caches of heads of `head_dim` with `vdpbf16ps`
+    (built for a CPU with AVX512-BF16; head_dim a multiple of 64, at most 256)."""
     library = load()
-    return library is not None and bool(library.paged_attention_uses_bf16_dot())
+    return library is not None and bool(library.paged_attention_uses_bf16_dot(head_dim))
 
 
 # The most new tokens of one sequence the float32-widening kernel attends; longer chunks go
@@ -90,7 +91,6 @@ def uses_bf16_dot() -> bool:
 # time at 2 new tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products,
 # SDPA's a GEMM).
 SHORT_QUERY_LEN = 16
-DOT_MAX_HEAD_DIM = 256  # as in cpu_attention_bf16_dot.h
 
 
 def max_query_len(dtype: torch.dtype, head_dim: int) -> int | None:
@@ -98,8 +98,7 @@ def max_query_len(dtype: torch.dtype, head_dim: int) -> int | None:
     than SDPA; None: any. From ~32 new tokens a GEMM beats the float32 dot products, but the
     `vdpbf16ps` path (bf16, head_dim a multiple of 64 up to 256) attends a bf16 prompt of 300
     tokens several times faster than SDPA."""
-    dot_head = head_dim % 64 == 0 and head_dim <= DOT_MAX_HEAD_DIM
-    if dtype == torch.bfloat16 and dot_head and uses_bf16_dot():
+    if dtype == torch.bfloat16 and uses_bf16_dot(head_dim):
         return None
     return SHORT_QUERY_LEN
 

@@ -260,13 +260,13 @@ def inverse_cdf_sample(probs: torch.Tensor, uniforms: torch.Tensor) -> torch.Ten
     return token_ids
 
 
+def _has_penalties(row: SamplingRow) -> bool:
+    p = row.params
+    return p.repetition_penalty != 1.0 or p.presence_penalty != 0.0 or p.frequency_penalty != 0.0
+
+
 def _needs_penalties(rows: list[SamplingRow]) -> bool:
-    return any(
-        r.params.repetition_penalty != 1.0
-        or r.params.presence_penalty != 0.0
-        or r.params.frequency_penalty != 0.0
-        for r in rows
-    )
+    return any(_has_penalties(r) for r in rows)
 
 
 def _only_argmax(row: SamplingRow) -> bool:
@@ -277,9 +277,7 @@ def _only_argmax(row: SamplingRow) -> bool:
         p.is_greedy
         and p.logprobs is None
         and not p.logit_bias
-        and p.repetition_penalty == 1.0
-        and p.presence_penalty == 0.0
-        and p.frequency_penalty == 0.0
+        and not _has_penalties(row)
         and len(row.output_token_ids) >= p.min_tokens
     )
 

@@ -52,6 +52,9 @@ def test_the_kernel_builds_here():
 
 def test_bf16_caches_use_vdpbf16ps_where_the_cpu_has_it():
     assert cpu_paged_attention.uses_bf16_dot() == cpu_has_avx512_bf16()
+    assert cpu_paged_attention.uses_bf16_dot(256) == cpu_has_avx512_bf16()
+    assert not cpu_paged_attention.uses_bf16_dot(40)  # not a multiple of 64
+    assert not cpu_paged_attention.uses_bf16_dot(320)  # past the queries' registers
 
 
 @pytest.mark.parametrize("query_lens", [[4, 4, 3, 1, 6], [1, 1, 1, 1, 1]], ids=["verify", "decode"])
