@@ -22,6 +22,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 #define NR 32 /* output columns per panel: two vectors of 16 floats */
 #define MR 12 /* rows per tile: 24 accumulators + 2 panel vectors + 1 broadcast <= 32 */
 #define PARALLEL_MIN_WORK (1 << 16) /* multiply-adds below which one thread does it all */
@@ -150,6 +152,79 @@ void small_gemm(const uint16_t *restrict x, int64_t m, int64_t k, int64_t x_stri
             tile_product(x + m0 * x_stride, x_stride, panel, k, rows, acc);
             store_tile(y + m0 * y_stride + n0, y_stride, rows, columns, bias ? bias + n0 : 0,
                        acc);
+        }
+    }
+}
+
+/* ---- SwiGLU: the gate and up products of an MLP and silu(gate) * up in one pass ----
+ *
+ * `packed` is small_gemm_pack of the merged [2 * n_inter, k] weight, the gate's rows first,
+ * the up's after (n_inter a multiple of NR, so gate panel p and up panel p + n_inter / NR
+ * cover the same 32 columns). Each tile of the gate product is kept in registers while the
+ * up product of the same rows and columns is computed, and only silu(gate) * up is stored:
+ * the [m, 2 * n_inter] product, its split, silu and the multiplication no longer cost a
+ * pass over memory and three torch calls each. The rounding is torch's on bf16 tensors:
+ * gate and up rounded to bf16, silu computed in float32 (x / (1 + exp(-x))) and rounded,
+ * the product of the two rounded values rounded again. Only silu's exp differs from torch's
+ * (Cephes here, SLEEF there, each within 2 ulp), so a value a hair from a bf16 rounding
+ * boundary may round the other way. */
+
+typedef float swiglu_v16f __attribute__((vector_size(64)));
+typedef int32_t swiglu_v16i __attribute__((vector_size(64)));
+DEFINE_EXP_NONPOSITIVE(swiglu_exp_nonpositive, swiglu_v16f, swiglu_v16i) /* cpu_exp.h */
+
+/* float32 values rounded to bf16 (nearest even) and widened back. */
+static inline __m512 round_to_bf16(__m512 v) {
+    const __m256i bits = (__m256i)_mm512_cvtneps_pbh(v);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
+/* silu(x) = x / (1 + exp(-x)) in float32 as torch computes it, with exp only of -|x| (no
+ * overflow): for x < 0 it is x e / (1 + e), e = exp(x). Below -87, where exp(x) leaves the
+ * normal floats (and cpu_exp.h returns 0), x e^x = (x e^(x + 8)) e^-8, which torch still gets
+ * as x / exp(-x); below -88.7228, where its exp(-x) overflows, torch gets -0. */
+static inline __m512 silu16(__m512 x) {
+    const swiglu_v16f v = (swiglu_v16f)x;
+    const swiglu_v16f e = swiglu_exp_nonpositive((swiglu_v16f)((swiglu_v16i)v | INT32_MIN));
+    const __m512 zero = _mm512_setzero_ps();
+    const __mmask16 negative = _mm512_cmp_ps_mask(x, zero, _CMP_LT_OQ);
+    const __m512 numerator = _mm512_mask_mul_ps(x, negative, x, (__m512)e);
+    __m512 silu = _mm512_div_ps(numerator, (__m512)(1.0f + e));
+    const __mmask16 deep = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-87.0f), _CMP_LT_OQ);
+    if (deep) {
+        const __m512 shifted = (__m512)swiglu_exp_nonpositive(v + 8.0f);
+        const __m512 tail = _mm512_mul_ps(_mm512_mul_ps(x, shifted), _mm512_set1_ps(3.3546262790251185e-4f));
+        silu = _mm512_mask_mov_ps(silu, deep, tail);
+        const __mmask16 overflow = _mm512_cmp_ps_mask(x, _mm512_set1_ps(-88.72283935546875f), _CMP_LT_OQ);
+        silu = _mm512_mask_mov_ps(silu, overflow, _mm512_set1_ps(-0.0f));
+    }
+    return silu;
+}
+
+static inline __m512 swiglu16(__m512 gate, __m512 up) {
+    const __m512 silu = round_to_bf16(silu16(round_to_bf16(gate)));
+    return _mm512_mul_ps(silu, round_to_bf16(up));
+}
+
+void small_gemm_swiglu(const uint16_t *restrict x, int64_t m, int64_t k, int64_t x_stride,
+                       const uint16_t *restrict packed, int64_t n_inter, uint16_t *restrict y,
+                       int64_t y_stride) {
+    const int64_t panels = n_inter / NR, panel_size = NR * ((k + 1) / 2 * 2);
+#pragma omp parallel for schedule(static) if (2 * m * n_inter * k >= PARALLEL_MIN_WORK)
+    for (int64_t p = 0; p < panels; p++) {
+        const uint16_t *gate_panel = packed + p * panel_size;
+        const uint16_t *up_panel = packed + (p + panels) * panel_size;
+        for (int64_t m0 = 0; m0 < m; m0 += MR) {
+            const int rows = m - m0 < MR ? (int)(m - m0) : MR;
+            __m512 gate[MR][2], up[MR][2];
+            tile_product(x + m0 * x_stride, x_stride, gate_panel, k, rows, gate);
+            tile_product(x + m0 * x_stride, x_stride, up_panel, k, rows, up);
+            for (int r = 0; r < rows; r++) {
+                const __m512 lo = swiglu16(gate[r][0], up[r][0]);
+                const __m512 hi = swiglu16(gate[r][1], up[r][1]);
+                _mm512_storeu_si512(y + (m0 + r) * y_stride + p * NR,
+                                    (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+            }
         }
     }
 }

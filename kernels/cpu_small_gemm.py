@@ -81,6 +81,8 @@ def load() -> ctypes.CDLL | None:
             getattr(library, name).restype = None
             getattr(library, name).argtypes = product_argtypes()
         library.small_gemm_amx_init.restype = ctypes.c_int
+        library.small_gemm_swiglu.restype = None
+        library.small_gemm_swiglu.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64]
     return library
 
 
@@ -153,3 +155,42 @@ def linear(
     use_amx = num_in % AMX_K_MULTIPLE == 0 and amx_available()
     product = library.small_gemm_amx if use_amx else library.small_gemm
     return call_packed_product(product, x, packed, num_out, bias, torch.bfloat16)
+
+
+def fuses_swiglu(num_rows: int, num_in: int, num_inter: int) -> bool:
+    """`swiglu` serves this product: the kernel is built, takes this many rows, and multiplies
+    with the `vdpbf16ps` tiles (where the AMX tiles take K, the separate AMX product is faster
+    than fusing on these)."""
+    return (
+        load() is not None
+        and num_inter % PANEL_COLUMNS == 0
+        and num_rows <= max_rows(num_in)
+        and not (num_in % AMX_K_MULTIPLE == 0 and amx_available())
+    )
+
+
+def swiglu(
+    x: torch.Tensor,  # [..., K] bf16
+    packed: torch.Tensor,  # `pack` of the merged [2 * num_inter, K] gate-and-up weight
+    num_inter: int,  # the MLP's width: the gate's (and the up's) row count
+) -> torch.Tensor:  # [..., num_inter] bf16
+    """silu(x Wg^T) * (x Wu^T) of a merged gate-and-up weight in one pass, rounded as torch
+    rounds those ops on bf16 tensors (see `small_gemm_swiglu` in the C source)."""
+    library = _library()
+    num_in = x.shape[-1]
+    if num_inter % PANEL_COLUMNS or x.dtype != torch.bfloat16:
+        raise ValueError(
+            f"needs bf16 rows and a width that is a multiple of {PANEL_COLUMNS}, "
+            f"got {x.dtype} and {num_inter}"
+        )
+    if packed.numel() != packed_numel(2 * num_inter, num_in):
+        raise ValueError(f"x ({num_in} columns) does not fit a packed [{2 * num_inter}, K] weight")
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_inter, dtype=torch.bfloat16)
+    library.small_gemm_swiglu(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_inter,
+        out.data_ptr(), num_inter,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_inter)

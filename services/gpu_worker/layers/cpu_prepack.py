@@ -164,6 +164,19 @@ def linear(
     return torch.ops.mkl._mkl_linear(x, packed_weight.mkl, weight, bias, num_rows)
 
 
+def swiglu(x: torch.Tensor, weight: torch.Tensor, packed_weight: object) -> torch.Tensor | None:
+    """silu(x Wg^T) * (x Wu^T) for a merged [gate; up] `weight` in one fused pass of the bf16
+    kernel (`cpu_small_gemm.swiglu`) where its packing takes these rows; None elsewhere."""
+    num_inter, num_in = weight.shape[0] // 2, x.shape[-1]
+    if (
+        not isinstance(packed_weight, Bf16Packing)
+        or packed_weight.few_rows is None
+        or not cpu_small_gemm.fuses_swiglu(x.numel() // num_in, num_in, num_inter)
+    ):
+        return None
+    return cpu_small_gemm.swiglu(x, packed_weight.few_rows, num_inter)
+
+
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
     """Pack every layer of `model` that has a `packed_weight` slot and a packable weight, on
     `num_threads` threads (default: the current count); returns how many were packed."""

@@ -11,7 +11,6 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
@@ -79,8 +78,7 @@ class LlamaMLP(nn.Module):
             raise ValueError(f"hidden_act {act!r} is not supported (only 'silu')")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class LlamaDecoderLayer(nn.Module):
