@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_paged_attention
+from kernels import cpu_kv_write, cpu_paged_attention
 from kernels.reference import gather_kv, write_kv_cache
 from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
 from services.gpu_worker.attention.decode_plan import (
@@ -42,6 +42,9 @@ def write_kv(
     slot_mapping: torch.Tensor,  # [T] int64
     all_slots_valid: bool | None = None,  # known already: no slot is -1
 ) -> None:
+    if cpu_kv_write.supports(key, value, k_cache, v_cache, slot_mapping):
+        cpu_kv_write.write_kv(key, value, k_cache, v_cache, slot_mapping)  # skips slot -1
+        return
     if all_slots_valid is None:
         all_slots_valid = not bool((slot_mapping < 0).any())
     if not all_slots_valid:
@@ -166,7 +169,11 @@ class TorchAttentionBackend(BaseAttentionBackend):
         v_cache: torch.Tensor,  # [N, BS, Hkv, D]
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
-        write_kv(key, value, k_cache, v_cache, metadata.slot_mapping, _all_slots_valid(metadata))
+        if _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache):
+            cpu_kv_write.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
+        else:
+            slots = metadata.slot_mapping
+            write_kv(key, value, k_cache, v_cache, slots, _all_slots_valid(metadata))
         if cpu_paged_attention.supports(query, k_cache):
             return self._forward_with_kernel(query, key, value, k_cache, v_cache, metadata)
         if metadata.is_decode_only:
@@ -227,6 +234,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
             )
 
 
+KV_WRITE_KERNEL_KEY = "torch_kv_write_kernel"
 DECODE_GROUPS_KEY = "torch_decode_groups"
 ALL_SLOTS_VALID_KEY = "torch_all_slots_valid"
 KERNEL_SPLIT_KEY = "torch_kernel_split"
@@ -275,6 +283,22 @@ def _decode_groups(metadata: AttentionMetadata, block_size: int) -> list[DecodeG
         groups = plan_decode_groups(tables, lens_t, lens, block_size)
         metadata.backend_scratch[DECODE_GROUPS_KEY] = groups
     return groups
+
+
+def _writes_kv_with_kernel(
+    metadata: AttentionMetadata,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+) -> bool:
+    """`cpu_kv_write` takes this step's keys and values, decided by the first layer (every
+    layer's have the same shapes, strides and dtypes): its checks cost more than the copy."""
+    uses = metadata.backend_scratch.get(KV_WRITE_KERNEL_KEY)
+    if uses is None:
+        uses = cpu_kv_write.supports(key, value, k_cache, v_cache, metadata.slot_mapping)
+        metadata.backend_scratch[KV_WRITE_KERNEL_KEY] = uses
+    return uses
 
 
 def _all_slots_valid(metadata: AttentionMetadata) -> bool:
