@@ -23,7 +23,7 @@
 #include "cpu_bf16.h"
 
 #define LANES 8
-#define PARALLEL_MIN_ELEMENTS (1 << 18)
+#define PARALLEL_MIN_ELEMENTS (1 << 14) /* 64 x 576 bf16 rows, 2 Zen 5 threads: 24.6 -> 17.0 us */
 
 static inline float load(const void *p, int64_t i, int is_bf16) {
     return is_bf16 ? bf16_to_float(((const uint16_t *)p)[i]) : ((const float *)p)[i];
