@@ -50,6 +50,11 @@ def test_metadata_slots_and_positions():
     assert meta.query_start_loc.tolist() == [0, 2, 3]
     assert meta.block_tables.tolist() == [[7, 3], [5, 0]]
     assert not meta.is_decode_only and meta.max_seq_len == 6 and meta.max_query_len == 2
+    assert meta.slot_mapping.dtype == torch.int64 and meta.block_tables.dtype == torch.int32
+    assert meta.seq_lens.dtype == meta.query_start_loc.dtype == torch.int32
+    assert meta.single_token_seqs.tolist() == [1] and meta.single_token_rows.tolist() == [2]
+    empty = build_attention_metadata([], [], [], BLOCK_SIZE, torch.device("cpu"))
+    assert empty.block_tables.shape == (0, 1) and empty.slot_mapping.numel() == 0
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
