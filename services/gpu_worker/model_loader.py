@@ -16,6 +16,7 @@ from services.gpu_worker.attention.base import BaseAttentionBackend
 from services.gpu_worker.cpu_threads import most_threads
 from services.gpu_worker.layers.cpu_prepack import prepack_linears
 from services.gpu_worker.models import get_model_cls
+from services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
 from services.gpu_worker.models.llama import LlamaForCausalLM
 from services.gpu_worker.parallel_state import get_tp_world_size
 
@@ -76,4 +77,5 @@ def load_model(
     if missing:
         raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
     prepack_linears(model, most_threads(device, get_tp_world_size()))  # CPU only; a no-op elsewhere
+    model.cpu_fused = CpuFusedForward.build(model)  # CPU bf16 only; None elsewhere
     return model.eval()

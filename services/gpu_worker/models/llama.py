@@ -8,7 +8,7 @@ bias on q/k/v. The model knows nothing of tensor parallelism: its layers shard t
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -22,6 +22,9 @@ from services.gpu_worker.layers.linear import (
 )
 from services.gpu_worker.layers.norm import RMSNorm
 from services.gpu_worker.layers.rotary import RopeAngles, RotaryEmbedding, rotate_in_place
+
+if TYPE_CHECKING:
+    from services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
 
 
 def _cfg(config: Any, name: str, default: Any) -> Any:
@@ -135,6 +138,9 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
         if self.tie_word_embeddings:
             self.lm_head.weight = self.embed_tokens.weight
+        # the forward pass as one loop of C calls on a CPU in bf16 (`cpu_fused_forward.py`),
+        # set by the loader once the weights are packed; None: the modules
+        self.cpu_fused: CpuFusedForward | None = None
 
     @property
     def num_kv_heads(self) -> int:
@@ -151,6 +157,8 @@ class LlamaForCausalLM(nn.Module):
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H] final hidden states
+        if self.cpu_fused is not None and self.cpu_fused.takes(token_ids.shape[0]):
+            return self.cpu_fused.forward(token_ids, positions, kv_caches, metadata)
         hidden = self.embed_tokens(token_ids)
         residual = None
         angles = self.rotary.angles(positions)  # the same in every layer

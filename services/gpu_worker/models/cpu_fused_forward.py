@@ -1,0 +1,253 @@
+"""The Llama family's forward pass on a CPU in bf16 as one loop of C calls.
+
+On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
+residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
+the KV write and paged attention. Between them the module path spent ~15% of a 16-sequence
+decode step in Python (module calls, wrappers checking shapes and dtypes again, views and
+splits), and more of a step with few sequences. Here those checks run once, when the model is
+loaded (which kernels, which weights, which layouts); a step allocates its buffers once and
+calls the kernels layer after layer with raw pointers. The kernels and their order are the
+module path's, so the hidden states are the same bits.
+
+`CpuFusedForward.build(model)` is None where this does not apply (not a CPU or not bf16,
+tensor parallel, a kernel missing, AMX tiles, a bias), and a step goes through the modules
+when its rows are more than the products take (`cpu_small_gemm.max_rows`).
+`PAGEDSERVE_CPU_FUSED_FORWARD=0` turns it off.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import torch
+
+from kernels import (
+    cpu_build,
+    cpu_kv_write,
+    cpu_paged_attention,
+    cpu_rms_norm,
+    cpu_rotary,
+    cpu_small_gemm,
+)
+from services.gpu_worker.attention.base import AttentionMetadata
+from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.layers.cpu_prepack import Bf16Packing
+from services.gpu_worker.parallel_state import get_tp_world_size
+
+if TYPE_CHECKING:
+    from services.gpu_worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+
+SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
+BF16_BYTES = 2
+
+
+@dataclass(frozen=True, slots=True)
+class _LayerPointers:
+    """A decoder layer's weights as the kernels take them."""
+
+    input_norm: int
+    post_attention_norm: int
+    qkv: int  # packed panels
+    o: int
+    gate_up: int
+    down: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate: int
+
+    @property
+    def qkv_width(self) -> int:
+        return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
+
+    @property
+    def attention_width(self) -> int:
+        return self.num_heads * self.head_dim
+
+
+def _few_rows(layer: torch.nn.Module) -> torch.Tensor | None:
+    """The layer's panels for the `vdpbf16ps` product, if it has them and no bias."""
+    packed = getattr(layer, "packed_weight", None)
+    if not isinstance(packed, Bf16Packing) or getattr(layer, "bias", None) is not None:
+        return None
+    return packed.few_rows
+
+
+def _layer_pointers(layer: LlamaDecoderLayer) -> _LayerPointers | None:
+    attn, mlp = layer.self_attn, layer.mlp
+    panels = [_few_rows(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    if any(p is None for p in panels) or any(
+        w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms
+    ):
+        return None
+    qkv, o, gate_up, down = (p.data_ptr() for p in panels)  # type: ignore[union-attr]
+    return _LayerPointers(norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down)
+
+
+def _kernels_ready(shape: _Shape) -> bool:
+    return (
+        cpu_small_gemm.load() is not None
+        and not cpu_small_gemm.amx_available()  # the AMX product is not fused (see swiglu)
+        and cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
+        and cpu_rms_norm.load() is not None
+        and shape.hidden <= cpu_rms_norm.MAX_HIDDEN
+        and cpu_rotary.load() is not None
+        and cpu_kv_write.load() is not None
+        and cpu_paged_attention.uses_bf16_dot(shape.head_dim)  # it takes chunks of any length
+    )
+
+
+class CpuFusedForward:
+    """`LlamaForCausalLM.forward` for a CPU bf16 model, see the module docstring."""
+
+    def __init__(
+        self, model: LlamaForCausalLM, shape: _Shape, layers: list[_LayerPointers]
+    ) -> None:
+        self.model = model
+        self.shape = shape
+        self.layers = layers
+        first = model.layers[0]
+        self.eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
+        self.scale = first.self_attn.attn.scale
+        self.max_rows = min(
+            cpu_small_gemm.max_rows(width)
+            for width in (shape.hidden, shape.attention_width, shape.intermediate)
+        )
+        self.gemm = cpu_small_gemm.load().small_gemm
+        self.swiglu = cpu_small_gemm.load().small_gemm_swiglu
+        self.norm = cpu_rms_norm.load().add_rms_norm
+        self.rotate = cpu_rotary.load().rotate_in_place
+        self.write_kv = cpu_kv_write.load().write_kv_rows
+        self.attend = cpu_paged_attention.load().paged_attention
+
+    @classmethod
+    def build(cls, model: LlamaForCausalLM) -> CpuFusedForward | None:
+        """The fused forward of `model`, or None where it does not apply."""
+        embed = model.embed_tokens.weight
+        first = model.layers[0].self_attn
+        if (
+            cpu_build.switched_off(SWITCH)
+            or embed.device.type != "cpu"
+            or embed.dtype != torch.bfloat16
+            or get_tp_world_size() != 1
+            or not isinstance(first.attn, TorchAttentionBackend)
+            or model.norm.weight.dtype != torch.bfloat16
+        ):
+            return None
+        shape = _Shape(
+            hidden=embed.shape[1],
+            num_heads=first.num_heads,
+            num_kv_heads=first.num_kv_heads,
+            head_dim=first.head_dim,
+            intermediate=model.layers[0].mlp.gate_up_proj.weight.shape[0] // 2,
+        )
+        if not _kernels_ready(shape):
+            return None
+        layers = [_layer_pointers(layer) for layer in model.layers]
+        if any(p is None for p in layers):
+            return None
+        return cls(model, shape, layers)  # type: ignore[arg-type]
+
+    def takes(self, num_tokens: int) -> bool:
+        return 0 < num_tokens <= self.max_rows
+
+    def forward(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H] final hidden states
+        s, num_tokens = self.shape, int(token_ids.shape[0])
+        k_cache = kv_caches[0][0]
+        if k_cache.dtype != torch.bfloat16 or not k_cache.is_contiguous():
+            raise ValueError(f"the KV cache must be contiguous bf16, got {k_cache.dtype}")
+        hidden = self.model.embed_tokens(token_ids).contiguous()
+        cos, sin = self.model.rotary.angles(positions)
+        step = self._attention_step(metadata)
+        slots = metadata.slot_mapping.contiguous()
+
+        def empty(width: int) -> torch.Tensor:
+            return torch.empty(num_tokens, width, dtype=torch.bfloat16)
+
+        normed, residual, out = empty(s.hidden), empty(s.hidden), empty(s.hidden)
+        qkv, attended, act = empty(s.qkv_width), empty(s.attention_width), empty(s.intermediate)
+        tensors = (hidden, cos, sin, slots, normed, residual, out, qkv, attended, act)
+        (hidden_p, cos_p, sin_p, slots_p, normed_p, residual_p, out_p, qkv_p, attended_p,
+         act_p) = (t.data_ptr() for t in tensors)  # fmt: skip
+        key_p = qkv_p + s.attention_width * BF16_BYTES
+        value_p = key_p + s.num_kv_heads * s.head_dim * BF16_BYTES
+        heads, kv_row = s.num_heads + s.num_kv_heads, s.num_kv_heads * s.head_dim
+        x_p, x_residual = hidden_p, None  # the first layer's norm has no residual to add
+        for layer, eps, (k_cache, v_cache) in zip(self.layers, self.eps, kv_caches, strict=True):
+            # x (+ residual) -> normed; the sum is the next residual (x itself at layer 0)
+            self._norm(x_p, x_residual, residual_p, normed_p, layer.input_norm, num_tokens, eps[0])
+            x_residual = residual_p if x_residual is not None else hidden_p
+            self.gemm(normed_p, num_tokens, s.hidden, s.hidden, layer.qkv, s.qkv_width, None,
+                      qkv_p, s.qkv_width)  # fmt: skip
+            self.rotate(qkv_p, num_tokens, heads, s.head_dim, s.qkv_width, cos_p, sin_p, 1)
+            num_slots = k_cache.shape[0] * k_cache.shape[1]
+            if self.write_kv(key_p, value_p, s.qkv_width, k_cache.data_ptr(), v_cache.data_ptr(),
+                             num_slots, slots_p, num_tokens, kv_row, BF16_BYTES):  # fmt: skip
+                raise ValueError(f"a slot of this step is past the caches' {num_slots}")
+            self._attend(step, qkv_p, k_cache, v_cache, attended_p)
+            self.gemm(attended_p, num_tokens, s.attention_width, s.attention_width, layer.o,
+                      s.hidden, None, out_p, s.hidden)  # fmt: skip
+            self._norm(out_p, x_residual, residual_p, normed_p, layer.post_attention_norm,
+                       num_tokens, eps[1])  # fmt: skip
+            x_residual = residual_p
+            self.swiglu(normed_p, num_tokens, s.hidden, s.hidden, layer.gate_up, s.intermediate,
+                        act_p, s.intermediate)  # fmt: skip
+            self.gemm(act_p, num_tokens, s.intermediate, s.intermediate, layer.down, s.hidden,
+                      None, out_p, s.hidden)  # fmt: skip
+            x_p = out_p
+        final = empty(s.hidden)
+        norm = self.model.norm
+        self._norm(x_p, x_residual, residual_p, final.data_ptr(), norm.weight.data_ptr(),
+                   num_tokens, norm.eps)  # fmt: skip
+        return final
+
+    def _norm(
+        self, x: int, residual: int | None, sum_out: int, out: int, weight: int, rows: int,
+        eps: float,
+    ) -> None:  # fmt: skip
+        """RMSNorm(x + residual) into `out`, the sum into `sum_out` (in place of `residual`
+        is safe: the kernel reads a row whole before it writes it)."""
+        if self.norm(x, residual, sum_out, out, weight, rows, self.shape.hidden, eps, 1):
+            raise ValueError(f"hidden size {self.shape.hidden} is over the RMSNorm kernel's")
+
+    def _attention_step(self, metadata: AttentionMetadata) -> cpu_paged_attention.PreparedStep:
+        """The kernel's arguments for every sequence with new tokens, once a step."""
+        starts = metadata.query_start_list
+        attended = [i for i in range(metadata.num_seqs) if starts[i + 1] > starts[i]]
+        return cpu_paged_attention.prepare(
+            metadata.block_tables,
+            metadata.seq_lens,
+            metadata.query_start_loc,
+            torch.tensor(attended, dtype=torch.int32),
+        )
+
+    def _attend(
+        self,
+        step: cpu_paged_attention.PreparedStep,
+        qkv: int,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        out: int,
+    ) -> None:
+        s = self.shape
+        tables, max_blocks, lens, starts, seqs, num_seqs = step.args
+        status = self.attend(
+            out, qkv, s.qkv_width, k_cache.data_ptr(), v_cache.data_ptr(), tables, max_blocks,
+            lens, starts, seqs, num_seqs, s.num_heads, s.num_kv_heads, s.head_dim,
+            k_cache.shape[1], self.scale, 1,
+        )  # fmt: skip
+        if status != 0:
+            raise MemoryError("the CPU paged attention kernel could not allocate its scratch")

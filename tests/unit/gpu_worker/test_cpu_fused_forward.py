@@ -1,0 +1,132 @@
+"""The CPU bf16 forward pass as one loop of C calls (`cpu_fused_forward.py`): the same bits as
+the module path, for prompts, chunks over a cached prefix, decodes and draft rows in one step;
+the module path wherever it does not apply."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from kernels import cpu_small_gemm
+from services.engine import LLMEngine
+from services.gpu_worker.attention.base import build_attention_metadata
+from services.gpu_worker.models.cpu_fused_forward import SWITCH, CpuFusedForward
+from shared.config import CacheConfig, SchedulerConfig
+from shared.protocol import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    not cpu_small_gemm.cpu_has_avx512_bf16() or cpu_small_gemm.cpu_has_amx_bf16(),
+    reason="built for CPUs with AVX512-BF16 and no AMX (the AMX product is not fused)",
+)
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    return LLMEngine(
+        "smollm2",
+        SchedulerConfig(max_num_batched_tokens=256, max_model_len=1024),
+        CacheConfig(block_size=BLOCK_SIZE, num_blocks=64),
+        dtype="bfloat16",
+    )
+
+
+def run_steps(model, fused: CpuFusedForward | None, caches, steps):
+    """Each step's final hidden states, through the fused path or the modules."""
+    model.cpu_fused = fused
+    outputs = []
+    for token_ids, positions, metadata in steps:
+        outputs.append(model(token_ids, positions, caches, metadata))
+    return outputs
+
+
+def two_steps(vocab: int):
+    """Step 1: two prompts (20 and 9 tokens). Step 2: a 5-token chunk over the first's 20, a
+    decode of the second, and a third sequence's 4 rows (a token and 3 drafts) over 30
+    cached tokens it never had written (attention reads whatever the cache holds)."""
+    gen = torch.Generator().manual_seed(0)
+    tables, cpu = [[0, 1], [2], [3, 4, 5]], torch.device("cpu")
+    first = (
+        torch.randint(0, vocab, (29,), generator=gen),
+        torch.tensor([*range(20), *range(9)]),
+        build_attention_metadata([20, 9], [20, 9], tables[:2], BLOCK_SIZE, cpu),
+    )
+    second = (
+        torch.randint(0, vocab, (10,), generator=gen),
+        torch.tensor([*range(20, 25), 9, *range(30, 34)]),
+        build_attention_metadata([25, 10, 34], [5, 1, 4], tables, BLOCK_SIZE, cpu),
+    )
+    return [first, second]
+
+
+def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
+    model = engine.runner.model
+    fused = model.cpu_fused
+    assert fused is not None
+    calls, real = [], fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
+    steps = two_steps(model.config.vocab_size)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    module_caches = [(k.clone(), v.clone()) for k, v in caches]
+    try:
+        with torch.inference_mode():
+            ours = run_steps(model, fused, caches, steps)
+            theirs = run_steps(model, None, module_caches, steps)
+    finally:
+        model.cpu_fused = fused
+    assert calls == [1, 1]  # both steps took the fused path
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
+    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
+        assert torch.equal(k, mk) and torch.equal(v, mv)
+
+
+def test_greedy_generation_is_unchanged(engine):
+    model = engine.runner.model
+    fused = model.cpu_fused
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    with_fused = engine.generate(texts, greedy)
+    engine.reset_prefix_cache()
+    model.cpu_fused = None
+    try:
+        without = engine.generate(texts, greedy)
+    finally:
+        model.cpu_fused = fused
+    assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
+    assert "Paris" in with_fused[0].text
+
+
+def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):
+    fused = engine.runner.model.cpu_fused
+    assert fused.takes(1) and fused.takes(fused.max_rows) and not fused.takes(fused.max_rows + 1)
+    assert not fused.takes(0)
+    calls = []
+    real = fused.forward
+    monkeypatch.setattr(fused, "max_rows", 8)
+    monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    result = engine.generate(["a prompt of more than eight tokens, so its prefill"], greedy)[0]
+    assert len(result.token_ids) == 2
+    assert calls == [1]  # the one-token decode step only
+
+
+def test_a_slot_past_the_cache_is_an_error(engine):
+    model = engine.runner.model
+    num_blocks = engine.runner.kv_caches[0][0].shape[0]
+    metadata = build_attention_metadata([1], [1], [[num_blocks]], BLOCK_SIZE, torch.device("cpu"))
+    with torch.inference_mode(), pytest.raises(ValueError, match="past the caches"):
+        model.cpu_fused.forward(
+            torch.tensor([5]), torch.tensor([0]), engine.runner.kv_caches, metadata
+        )
+
+
+def test_not_built_where_it_does_not_apply(engine, monkeypatch):
+    model = engine.runner.model
+    assert CpuFusedForward.build(model) is not None
+    monkeypatch.setenv(SWITCH, "0")
+    assert CpuFusedForward.build(model) is None
+    monkeypatch.delenv(SWITCH)
+    layer = model.layers[3].self_attn.qkv_proj
+    monkeypatch.setattr(layer, "bias", torch.zeros(layer.weight.shape[0], dtype=torch.bfloat16))
+    assert CpuFusedForward.build(model) is None  # a bias (Qwen2's q/k/v): the modules
