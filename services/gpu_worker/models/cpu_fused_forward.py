@@ -139,6 +139,7 @@ class CpuFusedForward:
             or get_tp_world_size() != 1
             or not isinstance(first.attn, TorchAttentionBackend)
             or model.norm.weight.dtype != torch.bfloat16
+            or model.rotary.cos.dtype != torch.float32  # the rotary kernel's angles
         ):
             return None
         shape = _Shape(
