@@ -163,8 +163,9 @@ void small_gemm(const uint16_t *restrict x, int64_t m, int64_t k, int64_t x_stri
  *
  * `packed` is small_gemm_pack of the merged [2 * n_inter, k] weight, the gate's rows first,
  * the up's after (n_inter a multiple of NR, so gate panel p and up panel p + n_inter / NR
- * cover the same 32 columns). Each tile of the gate product is kept in registers while the
- * up product of the same rows and columns is computed, and only silu(gate) * up is stored:
+ * cover the same 32 columns). Each tile of the gate product is kept (what the 32 registers do
+ * not hold beside the up tile's sums spills to L1) while the up product of the same rows and
+ * columns is computed, and only silu(gate) * up is stored:
  * the [m, 2 * n_inter] product, its split, silu and the multiplication no longer cost a
  * pass over memory and three torch calls each. The rounding is torch's on bf16 tensors:
  * gate and up rounded to bf16, silu computed in float32 (x / (1 + exp(-x))) and rounded,
