@@ -42,9 +42,22 @@ def write_kv(
     slot_mapping: torch.Tensor,  # [T] int64
     all_slots_valid: bool | None = None,  # known already: no slot is -1
 ) -> None:
+    """Every new token's key and value into its slot (slot -1: skipped): one C call where
+    `cpu_kv_write` takes the tensors, else torch's ops."""
     if cpu_kv_write.supports(key, value, k_cache, v_cache, slot_mapping):
-        cpu_kv_write.write_kv(key, value, k_cache, v_cache, slot_mapping)  # skips slot -1
-        return
+        cpu_kv_write.write_kv(key, value, k_cache, v_cache, slot_mapping)
+    else:
+        write_kv_with_torch(key, value, k_cache, v_cache, slot_mapping, all_slots_valid)
+
+
+def write_kv_with_torch(
+    key: torch.Tensor,  # [T, Hkv, D]
+    value: torch.Tensor,  # [T, Hkv, D]
+    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+    all_slots_valid: bool | None = None,  # known already: no slot is -1
+) -> None:
     if all_slots_valid is None:
         all_slots_valid = not bool((slot_mapping < 0).any())
     if not all_slots_valid:
@@ -171,9 +184,9 @@ class TorchAttentionBackend(BaseAttentionBackend):
     ) -> torch.Tensor:  # [T, Hq, D]
         if _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache):
             cpu_kv_write.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
-        else:
+        else:  # the decision is the step's: `write_kv` would check the tensors again
             slots = metadata.slot_mapping
-            write_kv(key, value, k_cache, v_cache, slots, _all_slots_valid(metadata))
+            write_kv_with_torch(key, value, k_cache, v_cache, slots, _all_slots_valid(metadata))
         if cpu_paged_attention.supports(query, k_cache):
             return self._forward_with_kernel(query, key, value, k_cache, v_cache, metadata)
         if metadata.is_decode_only:
@@ -200,7 +213,7 @@ class TorchAttentionBackend(BaseAttentionBackend):
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
         """Short sequences through the C kernel in one call, long chunks through SDPA."""
-        split = _kernel_split(metadata, query)
+        split = kernel_split(metadata, query.dtype, query.shape[-1])
         out = torch.empty(query.shape, dtype=query.dtype, device=query.device)
         if split.short is not None:
             cpu_paged_attention.attend(split.short, query, k_cache, v_cache, self.scale, out)
@@ -246,12 +259,12 @@ class KernelSplit:
     long: list[int]  # sequences attended by `chunk_attention`
 
 
-def _kernel_split(metadata: AttentionMetadata, query: torch.Tensor) -> KernelSplit:
+def kernel_split(metadata: AttentionMetadata, dtype: torch.dtype, head_dim: int) -> KernelSplit:
     """The step's sequences split by query length (the kernel's: at most
     `cpu_paged_attention.max_query_len` new tokens), decided by the first layer."""
     split = metadata.backend_scratch.get(KERNEL_SPLIT_KEY)
     if split is None:
-        max_len = cpu_paged_attention.max_query_len(query.dtype, query.shape[-1])
+        max_len = cpu_paged_attention.max_query_len(dtype, head_dim)
         starts = metadata.query_start_list
         lens = [starts[i + 1] - starts[i] for i in range(metadata.num_seqs)]
         limit = max_len if max_len is not None else max(lens, default=0)

@@ -31,7 +31,7 @@ from kernels import (
     cpu_small_gemm,
 )
 from services.gpu_worker.attention.base import AttentionMetadata
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from services.gpu_worker.attention.torch_backend import TorchAttentionBackend, kernel_split
 from services.gpu_worker.layers.cpu_prepack import Bf16Packing
 from services.gpu_worker.parallel_state import get_tp_world_size
 
@@ -225,15 +225,12 @@ class CpuFusedForward:
             raise ValueError(f"hidden size {self.shape.hidden} is over the RMSNorm kernel's")
 
     def _attention_step(self, metadata: AttentionMetadata) -> cpu_paged_attention.PreparedStep:
-        """The kernel's arguments for every sequence with new tokens, once a step."""
-        starts = metadata.query_start_list
-        attended = [i for i in range(metadata.num_seqs) if starts[i + 1] > starts[i]]
-        return cpu_paged_attention.prepare(
-            metadata.block_tables,
-            metadata.seq_lens,
-            metadata.query_start_loc,
-            torch.tensor(attended, dtype=torch.int32),
-        )
+        """The kernel's arguments for the step's sequences, as the attention backend splits
+        them (the `vdpbf16ps` kernel takes chunks of any length, so it takes them all)."""
+        split = kernel_split(metadata, torch.bfloat16, self.shape.head_dim)
+        if split.long or split.short is None:
+            raise ValueError("the fused forward needs every sequence in the attention kernel")
+        return split.short
 
     def _attend(
         self,
