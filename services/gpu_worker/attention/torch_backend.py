@@ -41,23 +41,16 @@ def write_kv(
     v_cache: torch.Tensor,  # [N, BS, Hkv, D]
     slot_mapping: torch.Tensor,  # [T] int64
     all_slots_valid: bool | None = None,  # known already: no slot is -1
+    with_kernel: bool | None = None,  # known already: `cpu_kv_write` takes these tensors
 ) -> None:
     """Every new token's key and value into its slot (slot -1: skipped): one C call where
-    `cpu_kv_write` takes the tensors, else torch's ops."""
-    if cpu_kv_write.supports(key, value, k_cache, v_cache, slot_mapping):
+    `cpu_kv_write` takes the tensors, else torch's ops. The backend knows both flags for a
+    whole step, so its layers skip the checks."""
+    if with_kernel is None:
+        with_kernel = cpu_kv_write.supports(key, value, k_cache, v_cache, slot_mapping)
+    if with_kernel:
         cpu_kv_write.write_kv(key, value, k_cache, v_cache, slot_mapping)
-    else:
-        write_kv_with_torch(key, value, k_cache, v_cache, slot_mapping, all_slots_valid)
-
-
-def write_kv_with_torch(
-    key: torch.Tensor,  # [T, Hkv, D]
-    value: torch.Tensor,  # [T, Hkv, D]
-    k_cache: torch.Tensor,  # [N, BS, Hkv, D]
-    v_cache: torch.Tensor,  # [N, BS, Hkv, D]
-    slot_mapping: torch.Tensor,  # [T] int64
-    all_slots_valid: bool | None = None,  # known already: no slot is -1
-) -> None:
+        return
     if all_slots_valid is None:
         all_slots_valid = not bool((slot_mapping < 0).any())
     if not all_slots_valid:
@@ -182,11 +175,9 @@ class TorchAttentionBackend(BaseAttentionBackend):
         v_cache: torch.Tensor,  # [N, BS, Hkv, D]
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, Hq, D]
-        if _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache):
-            cpu_kv_write.write_kv(key, value, k_cache, v_cache, metadata.slot_mapping)
-        else:  # the decision is the step's: `write_kv` would check the tensors again
-            slots = metadata.slot_mapping
-            write_kv_with_torch(key, value, k_cache, v_cache, slots, _all_slots_valid(metadata))
+        with_kernel = _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache)
+        all_valid = None if with_kernel else _all_slots_valid(metadata)  # kernel: unused
+        write_kv(key, value, k_cache, v_cache, metadata.slot_mapping, all_valid, with_kernel)
         if cpu_paged_attention.supports(query, k_cache):
             return self._forward_with_kernel(query, key, value, k_cache, v_cache, metadata)
         if metadata.is_decode_only:
