@@ -37,25 +37,25 @@ serve: install
 	$(BIN)/pagedserve serve $(ARGS)
 
 test: install
-	$(BIN)/python -m pytest tests $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest tests $(PYTEST_ARGS)
 
 test-unit: install
-	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest tests/unit $(PYTEST_ARGS)
 
 test-integration: install
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest tests/integration $(PYTEST_ARGS)
 
 test-kernels: install
-	$(BIN)/python -m pytest tests/kernels $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest tests/kernels $(PYTEST_ARGS)
 
 test-reliability: install
-	$(BIN)/python -m pytest tests/integration/reliability $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest tests/integration/reliability $(PYTEST_ARGS)
 
 # The compose deployment for real (README "Deployment with Docker Compose"): installs and starts
 # Docker when missing, builds the base images, wheelhouse and CPU image, then scales, serves,
 # fails over and tears down. Minutes of CPU: not part of `make test`.
 test-compose: install
-	$(BIN)/python -m pytest -m compose tests/compose -v $(PYTEST_ARGS)
+	$(BIN)/python -P -m pytest -m compose tests/compose -v $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

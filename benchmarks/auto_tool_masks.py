@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.structured_cases import MID_SIZE_SCHEMA
-from services.gateway.openai_schema import parse_chat_request
-from services.gpu_worker.default_model import ensure_model
+from pagedserve.services.gateway.openai_schema import parse_chat_request
+from pagedserve.services.gpu_worker.default_model import ensure_model
 
 TOOL = {"type": "function", "function": {"name": "submit", "parameters": MID_SIZE_SCHEMA}}
 FREE_TEXT = "The weather in Paris is"

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_build, cpu_paged_attention
+from pagedserve.kernels import cpu_build, cpu_paged_attention
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 # (sequences, typical context, new tokens per sequence)

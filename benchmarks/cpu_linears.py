@@ -27,8 +27,8 @@ import torch.nn.functional as F
 
 from benchmarks.e2e_flops import model_dims
 from benchmarks.machine_info import machine_info
-from kernels import cpu_small_gemm, cpu_small_sgemm
-from services.gpu_worker.layers.cpu_prepack import MKL_PACK_ROWS
+from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.services.gpu_worker.layers.cpu_prepack import MKL_PACK_ROWS
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 
@@ -57,13 +57,12 @@ def products(weight: torch.Tensor) -> dict[str, Product]:
             sgemm_panels = cpu_small_sgemm.pack(weight)
             fp32_paths["ours"] = lambda x: cpu_small_sgemm.linear(x, sgemm_panels, weight.shape[0])
         return fp32_paths
-    onednn = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
-    paths: dict[str, Product] = {
-        "F.linear": lambda x: F.linear(x, weight),
-        "oneDNN packed": lambda x: torch.ops.mkldnn._linear_pointwise(
+    paths: dict[str, Product] = {"F.linear": lambda x: F.linear(x, weight)}
+    if torch.ops.mkldnn._is_mkldnn_bf16_supported():  # not on AVX2
+        onednn = torch.ops.mkldnn._reorder_linear_weight(weight, 1)
+        paths["oneDNN packed"] = lambda x: torch.ops.mkldnn._linear_pointwise(
             x, onednn, None, "none", [], ""
-        ),
-    }
+        )
     if cpu_small_gemm.load() is not None:
         panels = cpu_small_gemm.pack(weight)
         paths["ours"] = lambda x: cpu_small_gemm.linear(x, panels, weight.shape[0])
@@ -96,7 +95,7 @@ def measure(shapes: list[tuple[int, int]], dtype: torch.dtype, rows: list[int], 
 
 
 def main(argv: list[str] | None = None) -> None:
-    from services.gpu_worker.default_model import ensure_default_model
+    from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.cpu_linears", description=__doc__)
     p.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))

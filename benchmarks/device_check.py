@@ -104,7 +104,9 @@ def build_steps(out_dir: Path, model: str) -> list[CheckStep]:
         CheckStep(
             "kernel_oracle",
             [
-                *py,
+                sys.executable,
+                "-P",  # pytest without the checkout first on sys.path (tests/conftest.py)
+                "-m",
                 "pytest",
                 "-q",
                 "-p",

@@ -16,7 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from services.cli.ports import free_port
+from pagedserve.services.cli.ports import free_port
 
 STOP_TIMEOUT_S = 30.0
 # The pagedserve console script, or the same entry point where the package is not installed.

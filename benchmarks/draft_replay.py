@@ -25,7 +25,7 @@ import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from services.scheduler.ngram_proposer import propose_ngram
+from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 
 Proposer = Callable[[list[int], list[int], int], list[int]]  # (history, future, k) -> drafts
 
@@ -95,10 +95,10 @@ def greedy_outputs(args: argparse.Namespace) -> list[tuple[list[int], list[int]]
     import torch
 
     from benchmarks.vs_transformers_serve import build_parser, workload_args
-    from services.cli.loadgen.runner import build_workload
-    from services.engine import LLMEngine
-    from shared.config import SchedulerConfig
-    from shared.protocol import SamplingParams
+    from pagedserve.services.cli.loadgen.runner import build_workload
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import SchedulerConfig
+    from pagedserve.shared.protocol import SamplingParams
 
     torch.set_num_threads(args.threads)
     bench_args = build_parser().parse_args(["--num-prompts", str(args.num_prompts)])

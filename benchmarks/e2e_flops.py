@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
 def model_dims(model_dir: Path) -> dict[str, int]:

@@ -58,8 +58,8 @@ def run_engine(model: str, device: str, dtype: str, backend: str) -> list[Comple
     """Greedy completions of PROMPTS with top-k logprobs, one engine, then freed."""
     import torch
 
-    from services.engine import LLMEngine
-    from shared.protocol import SamplingParams
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.protocol import SamplingParams
 
     engine = LLMEngine(model, dtype=dtype, device=device, attention_backend=backend)
     params = SamplingParams(temperature=0.0, max_tokens=NUM_TOKENS, ignore_eos=True, logprobs=TOP_K)

@@ -68,9 +68,9 @@ def run_hf(model_dir: Path, dtype: torch.dtype, prompts, outputs, batch_size: in
 def run_engine(
     model_dir: Path, dtype: str, prompts, outputs, max_num_seqs: int
 ) -> tuple[float, dict]:
-    from services.engine import LLMEngine
-    from shared.config import CacheConfig, SchedulerConfig
-    from shared.protocol import SamplingParams
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
+    from pagedserve.shared.protocol import SamplingParams
 
     engine = LLMEngine(
         model_dir,
@@ -114,8 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output", type=Path, default=RESULTS_DIR / "engine_vs_hf")
     args = parser.parse_args(argv)
 
-    from services.gpu_worker.default_model import ensure_model
-    from services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.gpu_worker.default_model import ensure_model
+    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
 
     model_dir = ensure_model(args.model)
     threads = args.threads or len(os.sched_getaffinity(0))

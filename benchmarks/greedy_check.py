@@ -13,8 +13,8 @@ from typing import Any
 
 import httpx
 
-from services.cli.loadgen.latency_stats import RequestRecord
-from services.cli.loadgen.sse_client import (
+from pagedserve.services.cli.loadgen.latency_stats import RequestRecord
+from pagedserve.services.cli.loadgen.sse_client import (
     EndpointConfig,
     StreamError,
     apply_event,
@@ -22,7 +22,7 @@ from services.cli.loadgen.sse_client import (
     parse_sse_line,
     sse_lines,
 )
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
 async def stream_text(

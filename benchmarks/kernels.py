@@ -203,8 +203,8 @@ def attention_flops(case: BenchCase) -> int:
 def kv_write_launchers(
     i: dict[str, torch.Tensor],
 ) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
-    import kernels
-    from kernels import reference
+    from pagedserve import kernels
+    from pagedserve.kernels import reference
 
     k_ref, v_ref = i["k_cache"].clone(), i["v_cache"].clone()
 
@@ -224,9 +224,9 @@ def launchers(
 ) -> tuple[Callable[[], torch.Tensor], Callable[[], torch.Tensor]]:
     """(kernel, reference) closures over the inputs, each returning what it wrote: the output,
     or the key cache for a write."""
-    import kernels
-    from kernels import reference
-    from kernels.paged_prefill import build_work_items
+    from pagedserve import kernels
+    from pagedserve.kernels import reference
+    from pagedserve.kernels.paged_prefill import build_work_items
 
     scale = case.head_dim**-0.5
     i = inputs
@@ -309,8 +309,8 @@ def run_case(case: BenchCase, device: torch.device, num_iters: int) -> BenchResu
     elapsed = median_us(kernel, num_iters, device)
     num_splits = case.num_splits
     if case.op == "decode" and num_splits is None:
-        from kernels.launch_checks import num_multiprocessors
-        from kernels.paged_decode import choose_num_splits
+        from pagedserve.kernels.launch_checks import num_multiprocessors
+        from pagedserve.kernels.paged_decode import choose_num_splits
 
         num_splits = choose_num_splits(
             len(case.context_lens),

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
 @dataclass(frozen=True)
@@ -63,7 +63,7 @@ def snapshot(engine: Any, step: int) -> KVSnapshot:
 
 
 def submit(engine: Any, requests: Sequence[BenchRequest], prefix: str = "kv") -> None:
-    from shared.protocol import GenerateRequest, SamplingParams
+    from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
     for index, request in enumerate(requests):
         sampling = SamplingParams(
@@ -169,8 +169,8 @@ def build_engine(
     of None is the device default: what users get."""
     import torch
 
-    from services.engine import LLMEngine
-    from shared.config import CacheConfig, SchedulerConfig
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
 
     scheduler_config = SchedulerConfig(
         max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens
@@ -182,7 +182,7 @@ def build_engine(
 
 
 def main(argv: list[str] | None = None) -> None:
-    from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
+    from pagedserve.services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 
     p = argparse.ArgumentParser(prog="python -m benchmarks.kv_memory", description=__doc__)
     p.add_argument("--model", default="smollm2")

@@ -19,13 +19,13 @@ import time
 import httpx
 import psutil
 
-from services.cli.ports import free_port
-from services.cli.redis_launcher import RedisServer
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.redis_launcher import RedisServer
 
 
 def start_gateway(model: str, redis_url: str, port: int) -> subprocess.Popen[bytes]:
-    args = [sys.executable, "-m", "services.gateway", "--model", model, "--redis-url",
-            redis_url, "--port", str(port), "--namespace", "oversized"]  # fmt: skip
+    args = [sys.executable, "-P", "-m", "pagedserve.services.gateway", "--model", model,
+            "--redis-url", redis_url, "--port", str(port), "--namespace", "oversized"]  # fmt: skip
     process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:

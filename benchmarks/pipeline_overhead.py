@@ -27,13 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.kv_memory import build_engine, format_report, kv_report, run_engine
-from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
-from services.cli.loadgen.runner import LoadConfig, run_load, warmup_requests
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.status_sampler import StatusSampler
-from services.cli.loadgen.workload import BenchRequest, LengthDistribution, synthetic_workload
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, from_fields
+from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+from pagedserve.services.cli.loadgen.runner import LoadConfig, run_load, warmup_requests
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.status_sampler import StatusSampler
+from pagedserve.services.cli.loadgen.workload import (
+    BenchRequest,
+    LengthDistribution,
+    synthetic_workload,
+)
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, from_fields
 
 NUM_WARMUP = 4
 
@@ -151,7 +155,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
-    from services.gpu_worker.default_model import ensure_model
+    from pagedserve.services.gpu_worker.default_model import ensure_model
 
     args = build_parser().parse_args(argv)
     model_dir = ensure_model(args.model)

@@ -27,8 +27,14 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.machine_info import machine_info
-from services.cli.loadgen.runner import LoadConfig, run_load, warm_up, warmup_requests, write_json
-from services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.runner import (
+    LoadConfig,
+    run_load,
+    warm_up,
+    warmup_requests,
+    write_json,
+)
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PROFILED = ("worker", "scheduler", "gateway")
@@ -170,8 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from benchmarks.vs_transformers_serve import build_parser as workload_parser
     from benchmarks.vs_transformers_serve import workload_args
-    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
-    from services.cli.loadgen.runner import build_workload
+    from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+    from pagedserve.services.cli.loadgen.runner import build_workload
 
     args = build_parser().parse_args(argv)
     lengths = ["--prompt-len", str(args.prompt_len), "--output-len", str(args.output_len)]

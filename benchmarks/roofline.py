@@ -20,8 +20,8 @@ from typing import Any
 import torch
 
 from benchmarks.kv_memory import build_engine, run_engine
-from kernels import cpu_small_sgemm
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.kernels import cpu_small_sgemm
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
 def _best_time(product: Callable[[], object], num_iters: int) -> float:

@@ -12,9 +12,9 @@ import statistics
 import time
 from pathlib import Path
 
-from services.scheduler.scheduler import Scheduler
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
 
 RESULT_PATH = Path(__file__).parent / "results" / "scheduler_overhead.md"
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import sys
 
-from services.cli import main
+from pagedserve.services.cli import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench", *sys.argv[1:]]))

@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from benchmarks.machine_info import cpu_ticks, steal_share
-from services.cli.loadgen.runner import Level, run_levels
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import with_fresh_words
+from pagedserve.services.cli.loadgen.runner import Level, run_levels
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import with_fresh_words
 
 SEED_STRIDE = 1000  # attempts' seeds lie this far apart, past every level's own seed
 

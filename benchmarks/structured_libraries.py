@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from benchmarks.structured_cases import JSON_SCHEMAS, MID_SIZE_SCHEMA
-from services.gpu_worker.default_model import ensure_model
+from pagedserve.services.gpu_worker.default_model import ensure_model
 
 _BITS = torch.arange(32, dtype=torch.int32)
 

@@ -24,11 +24,11 @@ import torch
 
 from benchmarks.structured_cases import MID_SIZE_SCHEMA
 from benchmarks.structured_libraries import _random_allowed
-from services.engine import LLMEngine
-from services.gpu_worker.grammar_book import GrammarBook
-from services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
-from shared.config import SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, StructuredOutput
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.grammar_book import GrammarBook
+from pagedserve.services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
+from pagedserve.shared.config import SchedulerConfig
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StructuredOutput
 
 MID_SPEC = StructuredOutput("json", json.dumps(MID_SIZE_SCHEMA, sort_keys=True))
 PROMPT = "Write a JSON record describing a user of a web application, with an address."

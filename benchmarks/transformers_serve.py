@@ -23,10 +23,10 @@ from typing import Any, TextIO
 
 import httpx
 
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import BenchRequest
-from services.cli.ports import free_port
-from services.cli.supervisor import ChildSpec, Supervisor
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.supervisor import ChildSpec, Supervisor
 
 # Greedy with no end-of-sequence token: outputs are exactly `max_tokens` long.
 EXACT_LENGTH_GENERATION_CONFIG = json.dumps({"do_sample": False, "eos_token_id": -1})

@@ -37,7 +37,7 @@ from benchmarks.machine_info import cpu_ticks, machine_info, steal_share
 from benchmarks.server_rounds import format_rounds, merge_rounds, rounds_summary
 from benchmarks.steal_guard import StealGuard, run_guarded_levels
 from benchmarks.transformers_serve import TransformersServeConfig, TransformersServer
-from services.cli.loadgen.runner import (
+from pagedserve.services.cli.loadgen.runner import (
     Level,
     LoadConfig,
     build_workload,
@@ -48,9 +48,9 @@ from services.cli.loadgen.runner import (
     workload_summary,
     write_json,
 )
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import BenchRequest
-from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import BenchRequest
+from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 
 
 def measure_server(
@@ -74,7 +74,7 @@ def measure_server(
 
 
 def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
-    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+    from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 
     config = PipelineConfig(model_dir, args.dtype, args.max_num_seqs, worker_threads=args.threads,
                             startup_timeout_s=args.startup_timeout,
@@ -328,7 +328,7 @@ def resolved_dtype(dtype: str) -> str:
     accept (transformers' own "auto" would take the checkpoint's dtype instead)."""
     import torch
 
-    from services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
 
     return str(resolve_dtype(dtype, torch.device("cpu"))).removeprefix("torch.")
 
@@ -407,7 +407,7 @@ def save(result: dict[str, Any], out: Path) -> None:
 def run_hf(args: argparse.Namespace, requests: list[BenchRequest], model_dir: Path) -> dict:
     import torch
 
-    from services.cli.loadgen.hf_baseline import run_hf_baseline
+    from pagedserve.services.cli.loadgen.hf_baseline import run_hf_baseline
 
     dtype = getattr(torch, args.dtype_resolved)
     sizes = _ints(args.hf_batch_sizes)

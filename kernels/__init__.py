@@ -19,7 +19,7 @@ def write_kv_cache(
     slot_mapping: torch.Tensor,  # [T] int64, -1: skip
 ) -> None:
     """Triton `reference.write_kv_cache`."""
-    from kernels.kv_cache_write import write_kv_cache as launch
+    from pagedserve.kernels.kv_cache_write import write_kv_cache as launch
 
     launch(key, value, k_cache, v_cache, slot_mapping)
 
@@ -37,7 +37,7 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
     """Triton `reference.paged_decode_attention`; see `kernels.paged_decode`."""
-    from kernels.paged_decode import paged_decode_attention as launch
+    from pagedserve.kernels.paged_decode import paged_decode_attention as launch
 
     return launch(
         query,
@@ -67,7 +67,7 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Triton `reference.paged_prefill_attention`; see `kernels.paged_prefill`."""
-    from kernels.paged_prefill import paged_prefill_attention as launch
+    from pagedserve.kernels.paged_prefill import paged_prefill_attention as launch
 
     return launch(
         query,

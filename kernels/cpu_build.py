@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from shared import model_files
+from pagedserve.shared import model_files
 
 logger = logging.getLogger(__name__)
 

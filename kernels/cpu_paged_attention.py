@@ -20,9 +20,9 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_build
-from kernels.cpu_build import KernelBuildError, compile_flags
-from kernels.cpu_small_gemm import cpu_has_avx512_bf16
+from pagedserve.kernels import cpu_build
+from pagedserve.kernels.cpu_build import KernelBuildError, compile_flags
+from pagedserve.kernels.cpu_small_gemm import cpu_has_avx512_bf16
 
 __all__ = ["KernelBuildError", "compile_flags"]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_build
+from pagedserve.kernels import cpu_build
 
 SOURCE = Path(__file__).with_name("cpu_rotary.c")
 DTYPES = (torch.float32, torch.bfloat16)

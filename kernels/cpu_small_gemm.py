@@ -27,9 +27,9 @@ from pathlib import Path
 
 import torch
 
-from kernels import cpu_build
-from kernels.cpu_build import KernelBuildError
-from kernels.cpu_packed_product import call_packed_product, product_argtypes
+from pagedserve.kernels import cpu_build
+from pagedserve.kernels.cpu_build import KernelBuildError
+from pagedserve.kernels.cpu_packed_product import call_packed_product, product_argtypes
 
 logger = logging.getLogger(__name__)
 

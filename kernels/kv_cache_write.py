@@ -7,7 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.launch_checks import check_cache, check_device, check_index, next_power_of_2
+from pagedserve.kernels.launch_checks import check_cache, check_device, check_index, next_power_of_2
 
 
 @triton.jit

@@ -20,8 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels.attention_tile import attend_kv_range
-from kernels.launch_checks import (
+from pagedserve.kernels.attention_tile import attend_kv_range
+from pagedserve.kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
     check_device,

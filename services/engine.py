@@ -12,13 +12,13 @@ from typing import Any
 
 import torch
 
-from services.gpu_worker.default_model import ensure_model
-from services.gpu_worker.model_runner import ModelRunner
-from services.scheduler.engine_shape import EngineShape
-from services.scheduler.scheduler import Scheduler
-from shared.config import CacheConfig, SchedulerConfig
-from shared.model_facts import read_model_facts
-from shared.protocol import GenerateRequest, SamplingParams, TokenDelta, WorkerHello
+from pagedserve.services.gpu_worker.default_model import ensure_model
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.scheduler.engine_shape import EngineShape
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.model_facts import read_model_facts
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, TokenDelta, WorkerHello
 
 MAX_IDLE_STEPS = 100  # empty plans in a row with work waiting: a scheduler that is stuck
 

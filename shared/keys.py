@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import DEFAULT_NAMESPACE
+from pagedserve.shared.config import DEFAULT_NAMESPACE
 
 ENGINE_GROUP = "engines"  # the consumer group that engines read the request stream through
 

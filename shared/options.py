@@ -16,7 +16,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE, DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+from pagedserve.shared.config import (
+    DEFAULT_MODEL,
+    DEFAULT_NAMESPACE,
+    DEFAULT_SPECULATIVE_MAX_NUM_SEQS,
+)
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")

@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
-from shared.protocol import ProtocolError, decode, encode
+from pagedserve.shared.protocol import ProtocolError, decode, encode
 
 MAX_IPC_PATH_BYTES = 107  # sun_path is 108 bytes with its terminating NUL
 

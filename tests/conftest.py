@@ -4,6 +4,17 @@ that the Triton kernels run on the CPU under the interpreter when no GPU is pres
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
+
+import pytest
+
+# The checkout goes last on sys.path, for `benchmarks` and `tests`: our own code is imported as
+# `pagedserve.*` (installed), and a folder of the checkout such as kernels/ must never stand in
+# front of an installed distribution of the same name (Hugging Face's `kernels`).
+CHECKOUT = str(Path(__file__).resolve().parent.parent)
+if CHECKOUT not in sys.path:
+    sys.path.append(CHECKOUT)
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -12,7 +23,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
 # Tiny random models (tests/fixtures/tiny_models.py), built once per session.
-import pytest
 
 
 @pytest.fixture(scope="session")

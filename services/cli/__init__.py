@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in SUBCOMMANDS:
-        importlib.import_module(f"services.cli.{name}").register(subparsers)
+        importlib.import_module(f"pagedserve.services.cli.{name}").register(subparsers)
     return parser
 
 

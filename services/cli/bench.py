@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.cli.loadgen.runner import BenchError, run_from_args
+    from pagedserve.services.cli.loadgen.runner import BenchError, run_from_args
 
     try:
         return run_from_args(args)

@@ -1,5 +1,5 @@
-"""`python -m services.cli.child_guard PARENT_PID PROGRAM ARGS...`: exec PROGRAM so that the
-kernel kills it when its parent dies, even by SIGKILL.
+"""`python -m pagedserve.services.cli.child_guard PARENT_PID PROGRAM ARGS...`: exec PROGRAM so
+that the kernel kills it when its parent dies, even by SIGKILL.
 
 The supervisor starts every child through this shim instead of a `preexec_fn`, which is
 unsafe in a process with threads (its log readers). PR_SET_PDEATHSIG survives `execve`, so
@@ -29,7 +29,7 @@ def set_parent_death_signal(sig: int = signal.SIGKILL) -> bool:
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
         print(
-            "usage: python -m services.cli.child_guard PARENT_PID PROGRAM [ARGS...]",
+            "usage: python -m pagedserve.services.cli.child_guard PARENT_PID PROGRAM [ARGS...]",
             file=sys.stderr,
         )
         return 2

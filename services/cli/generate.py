@@ -12,8 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shared.options import add_options, use
-from shared.protocol import SamplingParams
+from pagedserve.shared.options import add_options, use
+from pagedserve.shared.protocol import SamplingParams
 
 # The engine's flags, from the one option table (with an offline engine's defaults).
 GENERATE_OPTIONS = (
@@ -74,8 +74,8 @@ def read_prompts(path: Path, base: SamplingParams) -> tuple[list[Any], list[Samp
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.engine import LLMEngine
-    from shared.config import CacheConfig, SchedulerConfig
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
 
     base = SamplingParams(
         temperature=args.temperature,

@@ -1,7 +1,8 @@
 """Health checks that a container runtime (or a supervisor) can run as a command.
 
-    python -m services.cli.health_probe gateway --url http://127.0.0.1:8000/health
-    python -m services.cli.health_probe engine --redis-url URL --namespace NS --engine-id ID
+    python -m pagedserve.services.cli.health_probe gateway --url http://127.0.0.1:8000/health
+    python -m pagedserve.services.cli.health_probe engine --redis-url URL --namespace NS \
+        --engine-id ID
 
 Exit status 0 when healthy, 1 with a one-line reason on stderr otherwise. An engine is
 healthy when its status record in Redis is fresh and says every worker rank answers.
@@ -17,9 +18,9 @@ import urllib.request
 
 import redis
 
-from shared.keys import RedisKeys
-from shared.options import add_options, use
-from shared.status import ENGINE_STATUS_TTL_S, EngineStatus, from_fields
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.options import add_options, use
+from pagedserve.shared.status import ENGINE_STATUS_TTL_S, EngineStatus, from_fields
 
 
 def check_gateway(url: str, timeout_s: float = 3.0) -> str | None:
@@ -54,7 +55,7 @@ def check_engine(redis_url: str, namespace: str, engine_id: str) -> str | None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m services.cli.health_probe")
+    parser = argparse.ArgumentParser(prog="python -m pagedserve.services.cli.health_probe")
     kinds = parser.add_subparsers(dest="kind", required=True)
     gateway = kinds.add_parser("gateway")
     gateway.add_argument("--url", default="http://127.0.0.1:8000/health")

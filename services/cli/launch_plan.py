@@ -8,10 +8,10 @@ import os
 import sys
 from dataclasses import dataclass, field
 
-from services.cli.supervisor import ChildSpec
-from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
-from shared.options import option_argv
-from shared.transport import ipc_address
+from pagedserve.services.cli.supervisor import ChildSpec
+from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+from pagedserve.shared.options import option_argv
+from pagedserve.shared.transport import ipc_address
 
 LOOPBACK = "127.0.0.1"
 SERVE_ENGINE_WAIT_S = 120.0  # ~30-60 s for a worker's restart on a loaded 2-core box, doubled
@@ -83,7 +83,7 @@ class LaunchPlan:
 
 
 def _python(module: str, argv: list[str]) -> list[str]:
-    return [sys.executable, "-m", module, *argv]
+    return [sys.executable, "-P", "-m", module, *argv]
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -127,7 +127,7 @@ def scheduler_spec(
     })  # fmt: skip
     return ChildSpec(
         "scheduler",
-        _python("services.scheduler", argv),
+        _python("pagedserve.services.scheduler", argv),
         ready_line="scheduler ready",
         env=child_env(),
     )
@@ -156,7 +156,7 @@ def worker_spec(
     })  # fmt: skip
     return ChildSpec(
         f"worker{rank}",
-        _python("services.gpu_worker", argv),
+        _python("pagedserve.services.gpu_worker", argv),
         ready_line=f"worker {rank} ready",
         env=child_env(),
     )
@@ -200,7 +200,7 @@ def gateway_spec(
     if not options.api_key:
         env.pop("PAGEDSERVE_API_KEY", None)
     name = "gateway" if options.num_gateways == 1 else f"gateway{index}"
-    return ChildSpec(name, _python("services.gateway", argv), env=env)
+    return ChildSpec(name, _python("pagedserve.services.gateway", argv), env=env)
 
 
 def plan_launch(

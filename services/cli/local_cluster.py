@@ -26,15 +26,15 @@ from typing import TextIO
 
 import redis
 
-from services.cli.discovery import (
+from pagedserve.services.cli.discovery import (
     Deployment,
     DiscoveryError,
     announce,
     process_start_time,
     withdraw,
 )
-from services.cli.health_probe import check_gateway
-from services.cli.launch_plan import (
+from pagedserve.services.cli.health_probe import check_gateway
+from pagedserve.services.cli.launch_plan import (
     LOOPBACK,
     LaunchPlan,
     Ports,
@@ -42,13 +42,13 @@ from services.cli.launch_plan import (
     gateway_spec,
     plan_launch,
 )
-from services.cli.redis_launcher import find_redis_server, redis_server_command
-from services.cli.restart_counts import RestartCounts
-from services.cli.restart_policy import CrashLoopError, RestartPolicy
-from services.cli.signal_flag import SignalFlag
-from services.cli.supervisor import Child, ChildExited, ChildSpec, Supervisor
-from services.gateway.drain import ABORT_GRACE_S
-from shared.transport import private_socket_dir
+from pagedserve.services.cli.redis_launcher import find_redis_server, redis_server_command
+from pagedserve.services.cli.restart_counts import RestartCounts
+from pagedserve.services.cli.restart_policy import CrashLoopError, RestartPolicy
+from pagedserve.services.cli.signal_flag import SignalFlag
+from pagedserve.services.cli.supervisor import Child, ChildExited, ChildSpec, Supervisor
+from pagedserve.services.gateway.drain import ABORT_GRACE_S
+from pagedserve.shared.transport import private_socket_dir
 
 ENGINE_STOP_TIMEOUT_S = 15.0  # scheduler (its own drain: 5 s) and workers
 REDIS_STOP_TIMEOUT_S = 5.0

@@ -10,17 +10,17 @@ import json
 import sys
 from dataclasses import asdict
 
-from services.cli.discovery import DiscoveryError, choose, live_deployments
-from services.cli.queue_reader import (
+from pagedserve.services.cli.discovery import DiscoveryError, choose, live_deployments
+from pagedserve.services.cli.queue_reader import (
     QueueError,
     connect,
     default_redis_url,
     read_queue,
     read_request,
 )
-from services.cli.queue_view import render_queue, render_request
-from shared.config import DEFAULT_NAMESPACE, RedisConfig
-from shared.options import add_options, use
+from pagedserve.services.cli.queue_view import render_queue, render_request
+from pagedserve.shared.config import DEFAULT_NAMESPACE, RedisConfig
+from pagedserve.shared.options import add_options, use
 
 LOCAL_REDIS = RedisConfig().url
 

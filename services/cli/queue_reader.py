@@ -13,10 +13,10 @@ from typing import Any
 
 import redis
 
-from shared.config import RedisConfig, env_default
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import GenerateRequest, ProtocolError, decode
-from shared.status import ENGINE_STATUS_TTL_S, EngineStatus, RequestStatus, from_fields
+from pagedserve.shared.config import RedisConfig, env_default
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import GenerateRequest, ProtocolError, decode
+from pagedserve.shared.status import ENGINE_STATUS_TTL_S, EngineStatus, RequestStatus, from_fields
 
 MAX_IN_FLIGHT_LISTED = 20
 MAX_COUNTED = 100_000  # undelivered entries counted one by one on Redis < 7

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Any
 
-from shared.status import RequestStatus
+from pagedserve.shared.status import RequestStatus
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:

@@ -13,7 +13,7 @@ from collections import Counter
 
 import redis
 
-from shared.keys import RedisKeys
+from pagedserve.shared.keys import RedisKeys
 
 logger = logging.getLogger(__name__)
 

@@ -16,14 +16,14 @@ import socket
 import sys
 from dataclasses import fields
 
-from services.cli.launch_plan import SERVE_ENGINE_WAIT_S, Ports, ServeOptions
-from services.cli.local_cluster import LocalCluster
-from services.cli.ports import free_port, is_port_free
-from services.cli.redis_launcher import RedisNotFoundError, find_redis_server
-from shared.config import CacheConfig, SchedulerConfig
-from shared.logging import setup_logging
-from shared.model_files import ModelNotFoundError, is_default_alias, resolve_model_dir
-from shared.options import add_options, use
+from pagedserve.services.cli.launch_plan import SERVE_ENGINE_WAIT_S, Ports, ServeOptions
+from pagedserve.services.cli.local_cluster import LocalCluster
+from pagedserve.services.cli.ports import free_port, is_port_free
+from pagedserve.services.cli.redis_launcher import RedisNotFoundError, find_redis_server
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.logging import setup_logging
+from pagedserve.shared.model_files import ModelNotFoundError, is_default_alias, resolve_model_dir
+from pagedserve.shared.options import add_options, use
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -128,7 +128,7 @@ def pick_ports(options: ServeOptions) -> Ports:
 def resolve_model(model: str) -> str:
     """The model directory the workers and gateways load; converts the default model once."""
     if is_default_alias(model):
-        from services.gpu_worker.default_model import ensure_default_model
+        from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
         return str(ensure_default_model())
     return str(resolve_model_dir(model))

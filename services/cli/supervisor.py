@@ -81,7 +81,13 @@ class Supervisor:
         self._out_lock = threading.Lock()
 
     def start(self, spec: ChildSpec) -> Child:
-        guard = [sys.executable, "-m", "services.cli.child_guard", str(os.getpid())]
+        guard = [
+            sys.executable,
+            "-P",
+            "-m",
+            "pagedserve.services.cli.child_guard",
+            str(os.getpid()),
+        ]
         proc = subprocess.Popen(
             guard + spec.argv,
             stdin=subprocess.DEVNULL,

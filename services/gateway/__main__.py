@@ -1,4 +1,4 @@
-"""`python -m services.gateway`: the OpenAI-compatible HTTP gateway, under uvicorn.
+"""`python -m pagedserve.services.gateway`: the OpenAI-compatible HTTP gateway, under uvicorn.
 
 Every flag can also come from a `PAGEDSERVE_<FLAG>` environment variable (e.g.
 `PAGEDSERVE_API_KEY`, `PAGEDSERVE_REDIS_URL`); a flag on the command line wins.
@@ -9,10 +9,10 @@ from __future__ import annotations
 import argparse
 import uuid
 
-from services.gateway.chat_template import load_chat_template
-from services.gateway.gateway_config import GatewayConfig
-from shared.logging import setup_logging
-from shared.options import add_options, use
+from pagedserve.services.gateway.chat_template import load_chat_template
+from pagedserve.services.gateway.gateway_config import GatewayConfig
+from pagedserve.shared.logging import setup_logging
+from pagedserve.shared.options import add_options, use
 
 GATEWAY_OPTIONS = (
     use("model", help="alias or model directory"), use("served_model_name", help=None),
@@ -26,7 +26,9 @@ GATEWAY_OPTIONS = (
 
 
 def parse_args(argv: list[str] | None = None) -> GatewayConfig:
-    parser = argparse.ArgumentParser(prog="python -m services.gateway", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="python -m pagedserve.services.gateway", description=__doc__
+    )
     add_options(parser, *GATEWAY_OPTIONS)
     args = parser.parse_args(argv)
     try:
@@ -66,11 +68,11 @@ def main(argv: list[str] | None = None) -> None:
     logger = setup_logging("gateway")
     import uvicorn
 
-    from services.gateway.app import build_app
-    from services.gateway.drain import Drainer, DrainingServer
-    from services.gateway.engine_client import EngineClient
-    from services.gateway.http_limits import bounded_http_protocol
-    from services.gateway.tokenizer import load_tokenizer
+    from pagedserve.services.gateway.app import build_app
+    from pagedserve.services.gateway.drain import Drainer, DrainingServer
+    from pagedserve.services.gateway.engine_client import EngineClient
+    from pagedserve.services.gateway.http_limits import bounded_http_protocol
+    from pagedserve.services.gateway.tokenizer import load_tokenizer
 
     info = load_tokenizer(config.model, config.max_model_len)
     if config.chat_template is not None:

@@ -7,10 +7,10 @@ after tokenizing.
 
 from __future__ import annotations
 
-from services.gateway.errors import bad_request
-from services.gateway.openai_schema import ChatRequest, CompletionRequest
-from services.gateway.token_bound import min_num_tokens
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.openai_schema import ChatRequest, CompletionRequest
+from pagedserve.services.gateway.token_bound import min_num_tokens
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 
 # Below this many characters tokenizing costs about a millisecond, so the exact count decides
 # (and the error gives it, in vLLM's words); the bound from the size is for the big ones.

@@ -28,37 +28,37 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from services.gateway.admission import admit_chat, admit_completion
-from services.gateway.auto_tools import AutoTools
-from services.gateway.client_limits import client_limit_middleware
-from services.gateway.completion_session import CompletionSession
-from services.gateway.drain import Drainer, DrainMiddleware
-from services.gateway.engine_client import EngineClient
-from services.gateway.errors import APIError, bad_request
-from services.gateway.gateway_config import GatewayConfig
-from services.gateway.grammar_validator import GrammarValidator
-from services.gateway.http_middleware import GatewayMiddleware
-from services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
-from services.gateway.openai_schema import (
+from pagedserve.services.gateway.admission import admit_chat, admit_completion
+from pagedserve.services.gateway.auto_tools import AutoTools
+from pagedserve.services.gateway.client_limits import client_limit_middleware
+from pagedserve.services.gateway.completion_session import CompletionSession
+from pagedserve.services.gateway.drain import Drainer, DrainMiddleware
+from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.errors import APIError, bad_request
+from pagedserve.services.gateway.gateway_config import GatewayConfig
+from pagedserve.services.gateway.grammar_validator import GrammarValidator
+from pagedserve.services.gateway.http_middleware import GatewayMiddleware
+from pagedserve.services.gateway.metrics import CONTENT_TYPE, GatewayMetrics
+from pagedserve.services.gateway.openai_schema import (
     ChatRequest,
     CompletionRequest,
     parse_chat_request,
     parse_completion_request,
 )
-from services.gateway.openapi_document import openapi_document
-from services.gateway.output_processor import ChoiceProcessor
-from services.gateway.request_builder import (
+from pagedserve.services.gateway.openapi_document import openapi_document
+from pagedserve.services.gateway.output_processor import ChoiceProcessor
+from pagedserve.services.gateway.request_builder import (
     PromptInput,
     check_lengths,
     engine_requests,
     tokenize_chat,
     tokenize_completion,
 )
-from services.gateway.response_formatter import PromptView, ResponseFormatter
-from services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
-from services.gateway.tokenize_routes import TokenizeRoutes
-from services.gateway.tokenizer import TokenizerInfo
-from services.gateway.tokenizer_pool import TokenizerPool
+from pagedserve.services.gateway.response_formatter import PromptView, ResponseFormatter
+from pagedserve.services.gateway.sse import SSE_DONE, SSE_MEDIA_TYPE, sse_event
+from pagedserve.services.gateway.tokenize_routes import TokenizeRoutes
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.tokenizer_pool import TokenizerPool
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-from services.gateway.errors import APIError
+from pagedserve.services.gateway.errors import APIError
 
 # Paths answered without a key: load balancers probe /health; /metrics is open unless the
 # gateway runs with --metrics-require-key, because Prometheus scrapers rarely carry secrets.

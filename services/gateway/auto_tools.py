@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.gateway.chat_template import renders_tools
-from services.gateway.errors import bad_request
-from services.gateway.gateway_config import GatewayConfig
-from services.gateway.openai_schema import ChatRequest
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.chat_template import renders_tools
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.gateway_config import GatewayConfig
+from pagedserve.services.gateway.openai_schema import ChatRequest
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 
 _ALTERNATIVE = "; or use tool_choice 'required' or name a function"
 

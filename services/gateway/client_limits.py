@@ -16,11 +16,11 @@ from starlette.datastructures import Headers
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.gateway.errors import APIError
-from services.gateway.memory_release import ReleaseMemoryMiddleware
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.memory_release import ReleaseMemoryMiddleware
 
 if TYPE_CHECKING:
-    from services.gateway.gateway_config import GatewayConfig
+    from pagedserve.services.gateway.gateway_config import GatewayConfig
 
 RETRY_AFTER_S = 1
 

@@ -13,14 +13,14 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from services.gateway.engine_client import EngineClient
-from services.gateway.errors import APIError, from_engine
-from services.gateway.logprob_formatter import TokenLogprob
-from services.gateway.metrics import GatewayMetrics
-from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
-from services.gateway.replay_guard import ReplayMismatch
-from services.gateway.response_formatter import Usage
-from shared.protocol import ERROR_ENGINE, GenerateRequest, TokenDelta
+from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.errors import APIError, from_engine
+from pagedserve.services.gateway.logprob_formatter import TokenLogprob
+from pagedserve.services.gateway.metrics import GatewayMetrics
+from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from pagedserve.services.gateway.replay_guard import ReplayMismatch
+from pagedserve.services.gateway.response_formatter import Usage
+from pagedserve.shared.protocol import ERROR_ENGINE, GenerateRequest, TokenDelta
 
 
 @dataclass(slots=True)

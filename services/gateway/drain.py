@@ -20,8 +20,8 @@ import uvicorn
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from services.gateway.engine_client import EngineClient
-from services.gateway.errors import unavailable
+from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.errors import unavailable
 
 logger = logging.getLogger(__name__)
 

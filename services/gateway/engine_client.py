@@ -26,11 +26,11 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from services.gateway.engine_watch import EngineLossClock
-from services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
-from services.gateway.status_view import EngineStatusView
-from shared.keys import RedisKeys
-from shared.protocol import (
+from pagedserve.services.gateway.engine_watch import EngineLossClock
+from pagedserve.services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
+from pagedserve.services.gateway.status_view import EngineStatusView
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.protocol import (
     AbortRequest,
     GenerateRequest,
     OutputBatch,
@@ -39,7 +39,7 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.status import (
+from pagedserve.shared.status import (
     ENGINE_STATUS_TTL_S,
     GATEWAY_HEARTBEAT_TTL_S,
     REQUEST_STATUS_TTL_S,
@@ -48,7 +48,7 @@ from shared.status import (
     from_fields,
     to_fields,
 )
-from shared.tasks import cancel_and_wait
+from pagedserve.shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
 

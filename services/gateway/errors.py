@@ -10,7 +10,7 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
-from shared.protocol import ERROR_ENGINE, ERROR_INVALID_REQUEST, ERROR_QUEUE_FULL
+from pagedserve.shared.protocol import ERROR_ENGINE, ERROR_INVALID_REQUEST, ERROR_QUEUE_FULL
 
 RETRY_AFTER_S = 1  # what a refused client is told to wait before retrying
 ERROR_NO_LIVE_ENGINE = "no_live_engine"  # the gateway gave up waiting for any engine: 503

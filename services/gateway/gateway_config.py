@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
+from pagedserve.shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
 TOOL_CALL_PARSERS = ("hermes",)

@@ -15,9 +15,9 @@ import json
 import re
 from collections import OrderedDict
 
-from services.gateway.errors import bad_request
-from services.gateway.structured_outputs import StructuredRequest
-from shared.protocol import StructuredOutput
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.structured_outputs import StructuredRequest
+from pagedserve.shared.protocol import StructuredOutput
 
 MAX_CACHED_SPECS = 1024
 # xgrammar prefixes its messages (and those it nests, such as a Lark grammar's bad regex)

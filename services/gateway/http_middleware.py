@@ -11,8 +11,8 @@ from starlette.datastructures import Headers
 from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from services.gateway.auth import check_api_key, is_open_path
-from services.gateway.errors import APIError
+from pagedserve.services.gateway.auth import check_api_key, is_open_path
+from pagedserve.services.gateway.errors import APIError
 
 logger = logging.getLogger(__name__)
 

@@ -20,8 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from shared.iteration_histogram import ITERATION_TOKEN_BUCKETS, decode_cumulative
-from shared.status import EngineStatus
+from pagedserve.shared.iteration_histogram import ITERATION_TOKEN_BUCKETS, decode_cumulative
+from pagedserve.shared.status import EngineStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 LATENCY_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,

@@ -14,15 +14,15 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.errors import bad_request
-from services.gateway.structured_outputs import StructuredRequest, read_structured
-from services.gateway.tool_calls import (
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.structured_outputs import StructuredRequest, read_structured
+from pagedserve.services.gateway.tool_calls import (
     open_call_prefix,
     read_message_tool_fields,
     rendered_tools,
     wants_auto,
 )
-from services.gateway.vllm_options import (
+from pagedserve.services.gateway.vllm_options import (
     OutputOptions,
     read_chat_template_kwargs,
     read_continue_final_message,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.openai_schema import (
+from pagedserve.services.gateway.openai_schema import (
     CHAT_ROLES,
     MAX_BATCH_PROMPTS,
     MAX_LOGPROBS,

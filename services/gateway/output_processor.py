@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.gateway.detokenizer import IncrementalDetokenizer
-from services.gateway.logprob_formatter import TokenLogprob
-from services.gateway.replay_guard import ReplayGuard
-from services.gateway.stop_checker import StopChecker
-from services.gateway.tokenizer import TokenizerInfo
-from shared.protocol import PromptLogprobs, TokenDelta
+from pagedserve.services.gateway.detokenizer import IncrementalDetokenizer
+from pagedserve.services.gateway.logprob_formatter import TokenLogprob
+from pagedserve.services.gateway.replay_guard import ReplayGuard
+from pagedserve.services.gateway.stop_checker import StopChecker
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
+from pagedserve.shared.protocol import PromptLogprobs, TokenDelta
 
 
 def _stop_token(delta: TokenDelta) -> list[int]:

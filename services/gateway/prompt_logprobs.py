@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from services.gateway.logprob_formatter import clamp
-from services.gateway.tokenizer import TokenizerInfo
-from shared.protocol import PromptLogprobs
+from pagedserve.services.gateway.logprob_formatter import clamp
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
+from pagedserve.shared.protocol import PromptLogprobs
 
 
 def _entry(info: TokenizerInfo, token_id: int, logprob: float, rank: int) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from shared.protocol import TokenDelta
+from pagedserve.shared.protocol import TokenDelta
 
 
 class ReplayMismatch(ValueError):

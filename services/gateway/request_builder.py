@@ -7,17 +7,17 @@ import secrets
 import time
 from dataclasses import dataclass
 
-from services.gateway.admission import check_text_fits
-from services.gateway.errors import bad_request
-from services.gateway.openai_schema import (
+from pagedserve.services.gateway.admission import check_text_fits
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.openai_schema import (
     SEED_MAX,
     SEED_MIN,
     ChatRequest,
     CompletionRequest,
     SamplingOptions,
 )
-from services.gateway.tokenizer import TokenizerInfo
-from shared.protocol import GenerateRequest, SamplingParams
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
 
 @dataclass(frozen=True)

@@ -7,21 +7,25 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.gateway.hermes_tool_parser import (
+from pagedserve.services.gateway.hermes_tool_parser import (
     HermesStreamParser,
     StreamEvent,
     merged_call_deltas,
 )
-from services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
-from services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
-from services.gateway.prompt_logprobs import (
+from pagedserve.services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
+from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
+from pagedserve.services.gateway.prompt_logprobs import (
     echo_completion_logprobs,
     prepend_echo,
     vllm_prompt_logprobs,
 )
-from services.gateway.tokenizer import TokenizerInfo
-from services.gateway.tool_calls import ToolCallMode, as_auto_tool_message, as_tool_call_message
-from services.gateway.vllm_options import OutputOptions
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.tool_calls import (
+    ToolCallMode,
+    as_auto_tool_message,
+    as_tool_call_message,
+)
+from pagedserve.services.gateway.vllm_options import OutputOptions
 
 
 @dataclass(frozen=True)

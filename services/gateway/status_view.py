@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from shared.status import EngineStatus
+from pagedserve.shared.status import EngineStatus
 
 if TYPE_CHECKING:
-    from services.gateway.engine_client import EngineClient
+    from pagedserve.services.gateway.engine_client import EngineClient
 
 logger = logging.getLogger(__name__)
 

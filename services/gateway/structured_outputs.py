@@ -17,17 +17,17 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.errors import bad_request
-from services.gateway.grammar_syntax import is_lark
-from services.gateway.schema_canonical import canonical_schema
-from services.gateway.tool_calls import (
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.grammar_syntax import is_lark
+from pagedserve.services.gateway.schema_canonical import canonical_schema
+from pagedserve.services.gateway.tool_calls import (
     ToolCallMode,
     hermes_calls_spec,
     read_functions,
     read_tool_choice,
     wants_auto,
 )
-from shared.protocol import StructuredOutput
+from pagedserve.shared.protocol import StructuredOutput
 
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
 GUIDED_KEYS = ("guided_json", "guided_regex", "guided_choice", "guided_grammar")

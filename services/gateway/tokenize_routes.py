@@ -17,10 +17,10 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from services.gateway.errors import bad_request
-from services.gateway.openai_schema import parse_chat_request, read_bool
-from services.gateway.request_builder import tokenize_chat
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.openai_schema import parse_chat_request, read_bool
+from pagedserve.services.gateway.request_builder import tokenize_chat
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 
 
 def package_version() -> str:

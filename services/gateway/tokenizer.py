@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from services.gateway.token_bound import max_bytes_per_token, vanishing_chars
-from shared.model_facts import read_model_facts
-from shared.model_files import (
+from pagedserve.services.gateway.token_bound import max_bytes_per_token, vanishing_chars
+from pagedserve.shared.model_facts import read_model_facts
+from pagedserve.shared.model_files import (
     cache_dir,
     default_model_gguf,
     is_default_alias,

@@ -19,10 +19,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.errors import bad_request
-from services.gateway.hermes_tool_parser import END_TAG, START_TAG, parse_hermes
-from services.gateway.schema_canonical import canonical_schema
-from shared.protocol import StructuredOutput
+from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.hermes_tool_parser import END_TAG, START_TAG, parse_hermes
+from pagedserve.services.gateway.schema_canonical import canonical_schema
+from pagedserve.shared.protocol import StructuredOutput
 
 MAX_TOOLS = 128
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}

@@ -18,7 +18,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from services.gateway.errors import bad_request
+from pagedserve.services.gateway.errors import bad_request
 
 MAX_PROMPT_LOGPROBS = 20
 MAX_LOGIT_BIAS_ENTRIES = 1024

@@ -1,4 +1,4 @@
-"""`python -m services.gpu_worker`: one worker rank. Every flag also reads from
+"""`python -m pagedserve.services.gpu_worker`: one worker rank. Every flag also reads from
 `PAGEDSERVE_<FLAG>` (e.g. `PAGEDSERVE_RANK=1`)."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import argparse
 import signal
 import sys
 
-from shared.config import CacheConfig
-from shared.logging import setup_logging
-from shared.options import add_options, use
+from pagedserve.shared.config import CacheConfig
+from pagedserve.shared.logging import setup_logging
+from pagedserve.shared.options import add_options, use
 
 WORKER_OPTIONS = (
     use("model", help="alias or model directory"), use("dtype", choices=None), "rank",
@@ -22,7 +22,9 @@ WORKER_OPTIONS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.gpu_worker", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m pagedserve.services.gpu_worker", description=__doc__
+    )
     add_options(p, *WORKER_OPTIONS)
     return p
 
@@ -38,10 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     logger = setup_logging(f"worker{args.rank}")
     # Imported here so that `--help` and flag errors do not pay for importing torch.
-    from services.gpu_worker.cpu_threads import ThreadGovernor
-    from services.gpu_worker.model_runner import ModelRunner
-    from services.gpu_worker.parallel_state import init_tensor_parallel
-    from services.gpu_worker.worker_loop import WorkerLoop
+    from pagedserve.services.gpu_worker.cpu_threads import ThreadGovernor
+    from pagedserve.services.gpu_worker.model_runner import ModelRunner
+    from pagedserve.services.gpu_worker.parallel_state import init_tensor_parallel
+    from pagedserve.services.gpu_worker.worker_loop import WorkerLoop
 
     init_tensor_parallel(args.rank, args.tensor_parallel_size, args.master_addr, args.master_port)
     cache_config = CacheConfig(

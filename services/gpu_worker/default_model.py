@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
-from shared.model_files import (
+from pagedserve.shared.model_files import (
     default_model_dir,
     default_model_gguf,
     is_default_alias,

@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
-from services.gpu_worker.grammar_compiler import GrammarCompiler
-from shared.protocol import SamplingParams, StructuredOutput
+from pagedserve.services.gpu_worker.grammar_compiler import GrammarCompiler
+from pagedserve.shared.protocol import SamplingParams, StructuredOutput
 
 logger = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from services.gpu_worker.json_schema_fixups import fix_json_schema, fix_structural_tag
-from shared.protocol import StructuredOutput
+from pagedserve.services.gpu_worker.json_schema_fixups import fix_json_schema, fix_structural_tag
+from pagedserve.shared.protocol import StructuredOutput
 
 logger = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ import threading
 
 import zmq
 
-from shared.protocol import Heartbeat
-from shared.transport import ResultPusher
+from pagedserve.shared.protocol import Heartbeat
+from pagedserve.shared.transport import ResultPusher
 
 logger = logging.getLogger(__name__)
 

@@ -12,13 +12,13 @@ from safetensors import safe_open
 from tqdm.auto import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
-from services.gpu_worker.attention.base import BaseAttentionBackend
-from services.gpu_worker.cpu_threads import most_threads
-from services.gpu_worker.layers.cpu_prepack import prepack_linears
-from services.gpu_worker.models import get_model_cls
-from services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
-from services.gpu_worker.models.llama import LlamaForCausalLM
-from services.gpu_worker.parallel_state import get_tp_world_size
+from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
+from pagedserve.services.gpu_worker.cpu_threads import most_threads
+from pagedserve.services.gpu_worker.layers.cpu_prepack import prepack_linears
+from pagedserve.services.gpu_worker.models import get_model_cls
+from pagedserve.services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
+from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 

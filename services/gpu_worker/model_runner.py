@@ -20,37 +20,40 @@ from typing import Any
 
 import torch
 
-from services.gpu_worker.attention.base import AttentionMetadata, build_attention_metadata
-from services.gpu_worker.attention.selector import get_attention_backend_cls
-from services.gpu_worker.cpu_threads import cpu_threads
-from services.gpu_worker.default_model import ensure_model
-from services.gpu_worker.grammar_book import GrammarBook, StepMasks
-from services.gpu_worker.grammar_compiler import GrammarCompiler
-from services.gpu_worker.kv_cache import (
+from pagedserve.services.gpu_worker.attention.base import (
+    AttentionMetadata,
+    build_attention_metadata,
+)
+from pagedserve.services.gpu_worker.attention.selector import get_attention_backend_cls
+from pagedserve.services.gpu_worker.cpu_threads import cpu_threads
+from pagedserve.services.gpu_worker.default_model import ensure_model
+from pagedserve.services.gpu_worker.grammar_book import GrammarBook, StepMasks
+from pagedserve.services.gpu_worker.grammar_compiler import GrammarCompiler
+from pagedserve.services.gpu_worker.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
     block_bytes,
     num_blocks_for_bytes,
 )
-from services.gpu_worker.model_loader import load_model
-from services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
-from services.gpu_worker.prompt_logprobs import (
+from pagedserve.services.gpu_worker.model_loader import load_model
+from pagedserve.services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
+from pagedserve.services.gpu_worker.prompt_logprobs import (
     PromptSlice,
     collect_prompt_logprobs,
     prompt_slice,
 )
-from services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
-from services.gpu_worker.sequence_state import SequenceState
-from services.gpu_worker.speculation import verify_drafts
-from services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
-from shared.config import (
+from pagedserve.services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
+from pagedserve.services.gpu_worker.sequence_state import SequenceState
+from pagedserve.services.gpu_worker.speculation import verify_drafts
+from pagedserve.services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
+from pagedserve.shared.config import (
     CacheConfig,
     SchedulerConfig,
     default_block_size,
     default_max_num_batched_tokens,
 )
-from shared.model_facts import length_limit
-from shared.protocol import PromptLogprobs, StepPlan, StepResult
+from pagedserve.shared.model_facts import length_limit
+from pagedserve.shared.protocol import PromptLogprobs, StepPlan, StepResult
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from shared.protocol import PromptLogprobs
+from pagedserve.shared.protocol import PromptLogprobs
 
 ROWS_PER_CHUNK = 256  # [256, 49152] float32 logits: 48 MiB at a time
 

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
-from kernels import cpu_argmax
-from shared.protocol import GREEDY_TEMPERATURE, SamplingParams
+from pagedserve.kernels import cpu_argmax
+from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
 _MASK64 = 2**64 - 1

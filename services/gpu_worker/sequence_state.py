@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.gpu_worker.prompt_logprobs import PromptLogprobsCollector
-from shared.protocol import CachedSequence, NewSequence, SamplingParams
+from pagedserve.services.gpu_worker.prompt_logprobs import PromptLogprobsCollector
+from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams
 
 
 @dataclass(slots=True)

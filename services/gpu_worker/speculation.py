@@ -16,9 +16,9 @@ import dataclasses
 
 import torch
 
-from services.gpu_worker.sampler import SamplingRow, sample
-from services.gpu_worker.sequence_state import SequenceState
-from shared.protocol import StepResult
+from pagedserve.services.gpu_worker.sampler import SamplingRow, sample
+from pagedserve.services.gpu_worker.sequence_state import SequenceState
+from pagedserve.shared.protocol import StepResult
 
 
 def verify_drafts(

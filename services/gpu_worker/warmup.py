@@ -23,9 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
-from services.gpu_worker.attention.base import build_attention_metadata
-from services.gpu_worker.sampler import MAX_LOGPROBS, SamplingRow, sample
-from shared.protocol import SamplingParams
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.sampler import MAX_LOGPROBS, SamplingRow, sample
+from pagedserve.shared.protocol import SamplingParams
 
 logger = logging.getLogger(__name__)
 
@@ -122,9 +122,9 @@ def attention_variants(
     """A call per kernel variant the `triton` backend can launch, on tiny batches in the
     first blocks of the real cache (whose contents are garbage until a sequence writes them).
     Sequence 0 is a 2-token chunk, sequence 1 a decode: one prefill launch covers both."""
-    import kernels
-    from kernels.paged_decode import MAX_SPLITS
-    from kernels.paged_prefill import build_work_items
+    from pagedserve import kernels
+    from pagedserve.kernels.paged_decode import MAX_SPLITS
+    from pagedserve.kernels.paged_prefill import build_work_items
 
     device, dtype = k_cache.device, k_cache.dtype
     scale = shape.head_dim**-0.5

@@ -31,10 +31,17 @@ from typing import Protocol
 
 import zmq
 
-from services.gpu_worker.cpu_threads import ThreadGovernor
-from services.gpu_worker.heartbeat import HeartbeatSender
-from shared.protocol import ROLE_SCHEDULER, Heartbeat, Shutdown, StepPlan, StepResult, WorkerHello
-from shared.transport import PlanSubscriber, ResultPusher
+from pagedserve.services.gpu_worker.cpu_threads import ThreadGovernor
+from pagedserve.services.gpu_worker.heartbeat import HeartbeatSender
+from pagedserve.shared.protocol import (
+    ROLE_SCHEDULER,
+    Heartbeat,
+    Shutdown,
+    StepPlan,
+    StepResult,
+    WorkerHello,
+)
+from pagedserve.shared.transport import PlanSubscriber, ResultPusher
 
 logger = logging.getLogger(__name__)
 

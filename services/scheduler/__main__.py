@@ -1,5 +1,5 @@
-"""`python -m services.scheduler`: one engine's scheduler process. Every flag also reads from
-`PAGEDSERVE_<FLAG>` (e.g. `PAGEDSERVE_ENGINE_ID=engine-1`)."""
+"""`python -m pagedserve.services.scheduler`: one engine's scheduler process. Every flag also
+reads from `PAGEDSERVE_<FLAG>` (e.g. `PAGEDSERVE_ENGINE_ID=engine-1`)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ import signal
 import socket
 import sys
 
-from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
-from shared.config import CacheConfig, SchedulerConfig
-from shared.logging import setup_logging
-from shared.options import add_options, use
-from shared.transport import TransportError
+from pagedserve.services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.logging import setup_logging
+from pagedserve.shared.options import add_options, use
+from pagedserve.shared.transport import TransportError
 
 SCHEDULER_OPTIONS = (
     "redis_url", "namespace", "engine_id",
@@ -32,7 +32,7 @@ SCHEDULER_OPTIONS = (
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.scheduler", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m pagedserve.services.scheduler", description=__doc__)
     add_options(p, *SCHEDULER_OPTIONS)
     if p.get_default("engine_id") is None:
         p.set_defaults(engine_id=f"engine-{socket.gethostname()}-{os.getpid()}")

@@ -28,16 +28,16 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.engine_shape import EngineShape
-from services.scheduler.intake import Intake
-from services.scheduler.redis_io import RedisIO
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.status_reporter import link_status
-from services.scheduler.step_loop import StepLoop
-from services.scheduler.worker_link import WorkerLink
-from shared.config import CacheConfig, SchedulerConfig
-from shared.keys import RedisKeys
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.engine_shape import EngineShape
+from pagedserve.services.scheduler.intake import Intake
+from pagedserve.services.scheduler.redis_io import RedisIO
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.status_reporter import link_status
+from pagedserve.services.scheduler.step_loop import StepLoop
+from pagedserve.services.scheduler.worker_link import WorkerLink
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.keys import RedisKeys
 
 logger = logging.getLogger(__name__)
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import WorkerHello
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import WorkerHello
 
 
 @dataclass(frozen=True, slots=True)

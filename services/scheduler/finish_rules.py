@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.request import Request
 
 FINISH_STOP = "stop"
 FINISH_LENGTH = "length"

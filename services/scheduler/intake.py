@@ -15,9 +15,9 @@ import logging
 
 from redis.exceptions import RedisError, ResponseError
 
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.redis_io import RedisIO, StreamEntry
-from shared.protocol import AbortRequest
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.redis_io import RedisIO, StreamEntry
+from pagedserve.shared.protocol import AbortRequest
 
 logger = logging.getLogger(__name__)
 

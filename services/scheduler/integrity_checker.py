@@ -8,14 +8,14 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from services.scheduler.block_hash import DIGEST_SIZE
-from services.scheduler.request import RequestStatus
+from pagedserve.services.scheduler.block_hash import DIGEST_SIZE
+from pagedserve.services.scheduler.request import RequestStatus
 
 if TYPE_CHECKING:
-    from services.scheduler.block_pool import BlockPool, KVBlock
-    from services.scheduler.kv_cache_manager import KVCacheManager
-    from services.scheduler.request import Request
-    from services.scheduler.scheduler import Scheduler
+    from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
+    from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+    from pagedserve.services.scheduler.request import Request
+    from pagedserve.services.scheduler.scheduler import Scheduler
 
 
 def check_integrity(scheduler: Scheduler) -> None:

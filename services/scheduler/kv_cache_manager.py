@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from services.scheduler.block_hash import hash_block
-from services.scheduler.block_pool import BlockPool, KVBlock
-from services.scheduler.integrity_checker import check_kv_integrity
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.block_hash import hash_block
+from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
+from pagedserve.services.scheduler.integrity_checker import check_kv_integrity
+from pagedserve.services.scheduler.request import Request
 
 
 class KVCacheManager:

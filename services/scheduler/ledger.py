@@ -14,11 +14,11 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 
-from services.scheduler.errors import QueueFullError, RequestRejectedError
-from services.scheduler.outbox import Outbox
-from services.scheduler.redis_io import StreamEntry
-from services.scheduler.scheduler import Scheduler
-from shared.protocol import (
+from pagedserve.services.scheduler.errors import QueueFullError, RequestRejectedError
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.redis_io import StreamEntry
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.protocol import (
     ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
     ERROR_QUEUE_FULL,

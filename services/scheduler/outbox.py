@@ -19,10 +19,10 @@ from collections import deque
 
 from redis.exceptions import RedisError
 
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.redis_io import RedisIO, StepWrites
-from shared.protocol import TokenDelta
-from shared.status import EngineStatus
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.redis_io import RedisIO, StepWrites
+from pagedserve.shared.protocol import TokenDelta
+from pagedserve.shared.status import EngineStatus
 
 # A gateway reads its output stream continuously: an entry it has not read this long after it
 # was written belongs to a gateway that is gone (its requests get aborted anyway).

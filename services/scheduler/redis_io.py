@@ -24,8 +24,8 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import (
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import (
     AbortRequest,
     GenerateRequest,
     OutputBatch,
@@ -34,7 +34,12 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.status import ENGINE_STATUS_TTL_S, REQUEST_STATUS_TTL_S, EngineStatus, to_fields
+from pagedserve.shared.status import (
+    ENGINE_STATUS_TTL_S,
+    REQUEST_STATUS_TTL_S,
+    EngineStatus,
+    to_fields,
+)
 
 logger = logging.getLogger(__name__)
 

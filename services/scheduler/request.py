@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from shared.protocol import GenerateRequest, SamplingParams
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
 
 class RequestStatus(enum.Enum):

@@ -8,8 +8,8 @@ from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Iterator
 
-from services.scheduler.errors import QueueFullError
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.errors import QueueFullError
+from pagedserve.services.scheduler.request import Request
 
 
 class BaseRequestQueue(ABC):

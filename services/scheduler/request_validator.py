@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from services.scheduler.errors import RequestRejectedError
-from shared.protocol import GenerateRequest, SamplingParams
+from pagedserve.services.scheduler.errors import RequestRejectedError
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
 INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # seeds too: the gateway sends int64 seeds
 

@@ -20,18 +20,23 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
-from services.scheduler.errors import RequestRejectedError
-from services.scheduler.finish_rules import FINISH_ABORT, FINISH_ERROR, FINISH_LENGTH, check_stop
-from services.scheduler.integrity_checker import check_integrity
-from services.scheduler.kv_cache_manager import KVCacheManager
-from services.scheduler.request import Request, RequestStatus
-from services.scheduler.request_queue import make_request_queue
-from services.scheduler.request_validator import check_fits, validate_request
-from services.scheduler.speculation import draft_tokens
-from services.scheduler.stats import SchedulerStats
-from shared.config import CacheConfig, SchedulerConfig
-from shared.iteration_histogram import IterationHistogram
-from shared.protocol import (
+from pagedserve.services.scheduler.errors import RequestRejectedError
+from pagedserve.services.scheduler.finish_rules import (
+    FINISH_ABORT,
+    FINISH_ERROR,
+    FINISH_LENGTH,
+    check_stop,
+)
+from pagedserve.services.scheduler.integrity_checker import check_integrity
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.request_queue import make_request_queue
+from pagedserve.services.scheduler.request_validator import check_fits, validate_request
+from pagedserve.services.scheduler.speculation import draft_tokens
+from pagedserve.services.scheduler.stats import SchedulerStats
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.iteration_histogram import IterationHistogram
+from pagedserve.shared.protocol import (
     ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
     CachedSequence,

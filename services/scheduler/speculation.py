@@ -22,8 +22,8 @@ to: their differences were the VM's.)
 
 from __future__ import annotations
 
-from services.scheduler.ngram_proposer import propose_ngram
-from services.scheduler.request import Request
+from pagedserve.services.scheduler.ngram_proposer import propose_ngram
+from pagedserve.services.scheduler.request import Request
 
 
 def can_speculate(request: Request) -> bool:

@@ -17,14 +17,14 @@ from dataclasses import fields, replace
 
 from redis.exceptions import RedisError
 
-from services.scheduler.ledger import Ledger
-from services.scheduler.outbox import Outbox
-from services.scheduler.redis_io import RedisIO
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.stats import SchedulerStats
-from services.scheduler.step_clock import StepClock
-from services.scheduler.worker_link import WorkerLink
-from shared.status import EngineStatus
+from pagedserve.services.scheduler.ledger import Ledger
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.redis_io import RedisIO
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.stats import SchedulerStats
+from pagedserve.services.scheduler.step_clock import StepClock
+from pagedserve.services.scheduler.worker_link import WorkerLink
+from pagedserve.shared.status import EngineStatus
 
 logger = logging.getLogger(__name__)
 

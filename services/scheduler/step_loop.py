@@ -11,22 +11,22 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from services.scheduler.ledger import Ledger
-from services.scheduler.outbox import Outbox
-from services.scheduler.redis_io import StreamEntry
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.status_reporter import StatusReporter
-from services.scheduler.step_clock import StepClock
-from services.scheduler.watchers import (
+from pagedserve.services.scheduler.ledger import Ledger
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.redis_io import StreamEntry
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.status_reporter import StatusReporter
+from pagedserve.services.scheduler.step_clock import StepClock
+from pagedserve.services.scheduler.watchers import (
     CLAIM_MIN_IDLE_MS,
     claim_abandoned_forever,
     watch_gateways_forever,
 )
-from services.scheduler.worker_recovery import recover_workers
-from shared.tasks import cancel_and_wait
+from pagedserve.services.scheduler.worker_recovery import recover_workers
+from pagedserve.shared.tasks import cancel_and_wait
 
 if TYPE_CHECKING:
-    from services.scheduler.engine_loop import EngineLoop
+    from pagedserve.services.scheduler.engine_loop import EngineLoop
 
 logger = logging.getLogger(__name__)
 

@@ -13,10 +13,10 @@ import logging
 
 from redis.exceptions import RedisError
 
-from services.scheduler.intake import Intake
-from services.scheduler.ledger import Ledger
-from services.scheduler.redis_io import RedisIO
-from shared.protocol import AbortRequest
+from pagedserve.services.scheduler.intake import Intake
+from pagedserve.services.scheduler.ledger import Ledger
+from pagedserve.services.scheduler.redis_io import RedisIO
+from pagedserve.shared.protocol import AbortRequest
 
 logger = logging.getLogger(__name__)
 

@@ -31,10 +31,10 @@ from dataclasses import dataclass
 
 import zmq.asyncio
 
-from services.scheduler.engine_shape import EngineShape
-from shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
-from shared.tasks import cancel_and_wait
-from shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
+from pagedserve.services.scheduler.engine_shape import EngineShape
+from pagedserve.shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.tasks import cancel_and_wait
+from pagedserve.shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
 
 logger = logging.getLogger(__name__)
 

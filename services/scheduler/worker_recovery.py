@@ -11,9 +11,9 @@ import asyncio
 import logging
 import time
 
-from services.scheduler.ledger import Ledger
-from services.scheduler.outbox import Outbox
-from services.scheduler.worker_link import WorkerLink
+from pagedserve.services.scheduler.ledger import Ledger
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.worker_link import WorkerLink
 
 logger = logging.getLogger(__name__)
 

@@ -89,9 +89,9 @@ def deployment() -> Deployment:
 def reference():
     """The in-process engine (services/engine.py) and the gateway's own tokenizer, float32 on
     the CPU like the container's worker: what every answer must equal."""
-    from services.engine import LLMEngine
-    from services.gateway.tokenizer import load_tokenizer
-    from services.gpu_worker.default_model import ensure_default_model
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.services.gateway.tokenizer import load_tokenizer
+    from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
     return LLMEngine(ensure_default_model(), dtype="float32", device="cpu"), load_tokenizer(
         "smollm2"
@@ -99,7 +99,7 @@ def reference():
 
 
 def expected_texts(reference, batch: list[Query]) -> list[str]:
-    from shared.protocol import SamplingParams
+    from pagedserve.shared.protocol import SamplingParams
 
     engine, info = reference
     prompts = []

@@ -33,7 +33,7 @@ class ServiceProcess:
     def start(self) -> ServiceProcess:
         with self.log_path.open("ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", self.module, *self.args],
+                [sys.executable, "-P", "-m", self.module, *self.args],
                 cwd=REPO_ROOT,
                 env=self.env,
                 stdout=log,
@@ -107,7 +107,7 @@ def scheduler_process(
 ) -> ServiceProcess:  # fmt: skip
     args = ["--redis-url", redis_url, "--namespace", namespace, "--engine-id", engine_id,
             "--plan-port", plan_port, "--result-port", result_port, *extra]  # fmt: skip
-    return ServiceProcess(name, "services.scheduler", args, env)
+    return ServiceProcess(name, "pagedserve.services.scheduler", args, env)
 
 
 def worker_process(
@@ -118,7 +118,7 @@ def worker_process(
             "--device", "cpu", "--dtype", "float32", *extra]  # fmt: skip
     # One torch thread per worker: the test machine's cores are shared by every process.
     env = {"OMP_NUM_THREADS": "1", **(env or {})}
-    return ServiceProcess(name, "services.gpu_worker", args, env)
+    return ServiceProcess(name, "pagedserve.services.gpu_worker", args, env)
 
 
 def gateway_process(
@@ -126,7 +126,7 @@ def gateway_process(
 ) -> ServiceProcess:
     args = ["--model", model_dir, "--redis-url", redis_url, "--namespace", namespace,
             "--port", port, "--gateway-id", name, *extra]  # fmt: skip
-    return ServiceProcess(name, "services.gateway", args)
+    return ServiceProcess(name, "pagedserve.services.gateway", args)
 
 
 def wait_for(what: str, condition: Callable[[], bool], timeout_s: float) -> float:

@@ -19,9 +19,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
-from kernels.kv_cache_write import kv_cache_write_kernel
-from kernels.paged_decode import paged_decode_kernel, paged_decode_reduce_kernel
-from kernels.paged_prefill import paged_prefill_kernel
+from pagedserve.kernels.kv_cache_write import kv_cache_write_kernel
+from pagedserve.kernels.paged_decode import paged_decode_kernel, paged_decode_reduce_kernel
+from pagedserve.kernels.paged_prefill import paged_prefill_kernel
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"

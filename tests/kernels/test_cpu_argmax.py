@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_argmax
+from pagedserve.kernels import cpu_argmax
 
 
 def test_the_kernel_builds_here():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_kv_write
-from services.gpu_worker.attention import torch_backend
+from pagedserve.kernels import cpu_kv_write
+from pagedserve.services.gpu_worker.attention import torch_backend
 
 pytestmark = pytest.mark.skipif(cpu_kv_write.load() is None, reason="no C compiler")
 

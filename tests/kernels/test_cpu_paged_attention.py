@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_paged_attention
-from kernels.cpu_small_gemm import cpu_has_avx512_bf16
-from kernels.reference import paged_prefill_attention
+from pagedserve.kernels import cpu_paged_attention
+from pagedserve.kernels.cpu_small_gemm import cpu_has_avx512_bf16
+from pagedserve.kernels.reference import paged_prefill_attention
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
 
 

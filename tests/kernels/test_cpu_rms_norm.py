@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_rms_norm
-from services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.kernels import cpu_rms_norm
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 
 
 @pytest.fixture(autouse=True)

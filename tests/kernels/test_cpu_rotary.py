@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_rotary
-from services.gpu_worker.layers.rotary import RotaryEmbedding, rotate, rotate_in_place
+from pagedserve.kernels import cpu_rotary
+from pagedserve.services.gpu_worker.layers.rotary import RotaryEmbedding, rotate, rotate_in_place
 
 
 @pytest.fixture(autouse=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_small_gemm
-from services.gpu_worker.layers import cpu_prepack
+from pagedserve.kernels import cpu_small_gemm
+from pagedserve.services.gpu_worker.layers import cpu_prepack
 
 
 @pytest.fixture(autouse=True)

@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_build, cpu_small_sgemm
-from services.gpu_worker.layers import cpu_prepack
+from pagedserve.kernels import cpu_build, cpu_small_sgemm
+from pagedserve.services.gpu_worker.layers import cpu_prepack
 
 
 @pytest.fixture(autouse=True)

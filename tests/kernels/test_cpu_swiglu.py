@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_small_gemm
-from services.gpu_worker.layers import linear as linear_layers
+from pagedserve.kernels import cpu_small_gemm
+from pagedserve.services.gpu_worker.layers import linear as linear_layers
 
 pytestmark = pytest.mark.skipif(
     not cpu_small_gemm.cpu_has_avx512_bf16(),
@@ -86,7 +86,7 @@ def test_refuses_what_it_cannot_fuse():
 
 
 def merged_layer(num_inter: int, num_in: int) -> linear_layers.MergedColumnParallelLinear:
-    from services.gpu_worker.layers import cpu_prepack
+    from pagedserve.services.gpu_worker.layers import cpu_prepack
 
     layer = linear_layers.MergedColumnParallelLinear(num_in, [num_inter, num_inter])
     layer.weight.data = (torch.randn(2 * num_inter, num_in) / num_in**0.5).bfloat16()

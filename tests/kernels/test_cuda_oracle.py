@@ -55,7 +55,7 @@ def oracle(case: object, seq_lens: list[int], query_lens: list[int]) -> torch.Te
 @pytest.mark.parametrize("batch", list(BATCHES))
 @pytest.mark.parametrize("grid", ["flat", "padded"])
 def test_prefill_kernel_matches_the_f64_oracle(dtype: torch.dtype, batch: str, grid: str) -> None:
-    from kernels.paged_prefill import paged_prefill_attention
+    from pagedserve.kernels.paged_prefill import paged_prefill_attention
 
     seq_lens, query_lens = BATCHES[batch]
     case = make_paged_case(seq_lens, query_lens, **LLAMA8B, block_size=16, dtype=dtype)
@@ -78,7 +78,7 @@ def test_prefill_kernel_matches_the_f64_oracle(dtype: torch.dtype, batch: str, g
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("num_splits", [1, 3, None])
 def test_decode_kernel_matches_the_f64_oracle(dtype: torch.dtype, num_splits: int | None) -> None:
-    from kernels.paged_decode import paged_decode_attention
+    from pagedserve.kernels.paged_decode import paged_decode_attention
 
     seq_lens, query_lens = BATCHES["decode"]
     case = make_paged_case(seq_lens, query_lens, **LLAMA8B, block_size=16, dtype=dtype)

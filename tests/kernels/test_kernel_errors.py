@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from kernels import paged_decode_attention, paged_prefill_attention
+from pagedserve.kernels import paged_decode_attention, paged_prefill_attention
 from tests.kernels.paged_case import make_paged_case
 
 
@@ -94,7 +94,7 @@ def test_reference_and_api_import_without_triton() -> None:
         "import sys; sys.modules['triton'] = None\n"
         "import kernels, kernels.reference\n"
         "assert callable(kernels.paged_decode_attention)\n"
-        "assert 'kernels.paged_decode' not in sys.modules\n"
+        "assert 'pagedserve.kernels.paged_decode' not in sys.modules\n"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

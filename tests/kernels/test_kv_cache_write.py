@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.kv_cache_write import write_kv_cache
-from kernels.reference import write_kv_cache as reference_write
+from pagedserve.kernels.kv_cache_write import write_kv_cache
+from pagedserve.kernels.reference import write_kv_cache as reference_write
 
 SENTINEL = -7.0  # exact in every dtype, so untouched slots compare equal bit for bit
 

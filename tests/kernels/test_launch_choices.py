@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.launch_checks import decode_num_warps, tile_size
-from kernels.paged_prefill import choose_block_q, prefill_work_items
+from pagedserve.kernels.launch_checks import decode_num_warps, tile_size
+from pagedserve.kernels.paged_prefill import choose_block_q, prefill_work_items
 
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
 

@@ -8,10 +8,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kernels.paged_decode import paged_decode_attention
-from kernels.paged_prefill import paged_prefill_attention
-from kernels.reference import paged_decode_attention as reference_decode
-from kernels.reference import paged_prefill_attention as reference_prefill
+from pagedserve.kernels.paged_decode import paged_decode_attention
+from pagedserve.kernels.paged_prefill import paged_prefill_attention
+from pagedserve.kernels.reference import paged_decode_attention as reference_decode
+from pagedserve.kernels.reference import paged_prefill_attention as reference_prefill
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
 
 # Few examples: each one runs the kernels under the interpreter.

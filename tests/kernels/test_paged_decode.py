@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import paged_decode
-from kernels.paged_decode import choose_num_splits, paged_decode_attention
-from kernels.reference import paged_decode_attention as reference_decode
+from pagedserve.kernels import paged_decode
+from pagedserve.kernels.paged_decode import choose_num_splits, paged_decode_attention
+from pagedserve.kernels.reference import paged_decode_attention as reference_decode
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.paged_prefill import choose_block_q, paged_prefill_attention
-from kernels.reference import paged_prefill_attention as reference_prefill
+from pagedserve.kernels.paged_prefill import choose_block_q, paged_prefill_attention
+from pagedserve.kernels.reference import paged_prefill_attention as reference_prefill
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
 
 F32, F16, BF16 = torch.float32, torch.float16, torch.bfloat16

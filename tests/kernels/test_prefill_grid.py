@@ -9,16 +9,19 @@ import math
 import pytest
 import torch
 
-import kernels.paged_prefill as paged_prefill
-from kernels.paged_prefill import (
+import pagedserve.kernels.paged_prefill as paged_prefill
+from pagedserve.kernels.paged_prefill import (
     build_work_items,
     choose_block_q,
     paged_prefill_attention,
     prefill_grid,
     prefill_work_items,
 )
-from services.gpu_worker.attention.base import build_attention_metadata
-from services.gpu_worker.attention.triton_backend import WORK_ITEMS_KEY, TritonAttentionBackend
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.attention.triton_backend import (
+    WORK_ITEMS_KEY,
+    TritonAttentionBackend,
+)
 from tests.kernels.launch_recorder import LaunchRecorder
 from tests.kernels.oracle import dense_causal_attention_f64
 from tests.kernels.paged_case import TOLERANCES, make_paged_case, poisoned_like
@@ -75,7 +78,7 @@ def test_mixed_step_programs_follow_the_tiles_and_match_the_f64_oracle(
 
 
 def test_backend_builds_the_work_list_once_per_step(monkeypatch: pytest.MonkeyPatch) -> None:
-    import services.gpu_worker.attention.triton_backend as triton_backend
+    import pagedserve.services.gpu_worker.attention.triton_backend as triton_backend
 
     calls: list[list[int]] = []
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.attention import get_attention_backend_cls
-from services.gpu_worker.attention.base import build_attention_metadata
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+from pagedserve.services.gpu_worker.attention import get_attention_backend_cls
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE, NUM_BLOCKS = 8, 2, 64, 16, 12
 

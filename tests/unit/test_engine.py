@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from services.engine import LLMEngine
-from services.scheduler.errors import RequestRejectedError
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, StepPlan
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.scheduler.errors import RequestRejectedError
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
 from tests.fixtures.tiny_models import TINY_VOCAB_SIZE
 
@@ -152,7 +152,7 @@ def test_mismatched_sampling_list_is_rejected(tiny_llama_dir):
 
 
 def test_cli_generate_writes_jsonl(tiny_llama_dir, tmp_path):
-    from services.cli import main
+    from pagedserve.services.cli import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text(
@@ -170,7 +170,7 @@ def test_cli_generate_writes_jsonl(tiny_llama_dir, tmp_path):
 
 
 def test_cli_generate_reports_bad_input(tiny_llama_dir, tmp_path, capsys):
-    from services.cli import main
+    from pagedserve.services.cli import main
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text('{"prompt_token_ids": [5], "temperature": -1}\n')
@@ -181,7 +181,7 @@ def test_cli_generate_reports_bad_input(tiny_llama_dir, tmp_path, capsys):
 
 @pytest.mark.slow
 def test_default_model_greedy_matches_hf():
-    from services.gpu_worker.default_model import ensure_default_model
+    from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     engine = LLMEngine(

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.engine import LLMEngine
-from services.gpu_worker.model_runner import cpu_supports_bf16
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import SamplingParams
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.model_runner import cpu_supports_bf16
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import SamplingParams
 from tests.fixtures.hf_reference import hf_greedy, load_hf
 
 TEXTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, " * 6]
@@ -19,7 +19,7 @@ FIRST = 2  # tokens compared with HF's fp32 greedy: bf16 may flip a near-tie lat
 
 @pytest.mark.skipif(not cpu_supports_bf16(), reason="bf16 runs natively only with AVX512-BF16")
 def test_bf16_greedy_follows_the_model_batched_and_alone():
-    from services.gpu_worker.default_model import ensure_default_model
+    from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     engine = LLMEngine(

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import httpx
 
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.status_sampler import parse_prometheus_gauges
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.status_sampler import parse_prometheus_gauges
 
 COUNTERS = {
     "execute": "pagedserve:worker_execute_seconds_total",

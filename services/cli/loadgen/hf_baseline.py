@@ -19,8 +19,8 @@ from typing import Any
 
 import torch
 
-from services.cli.loadgen.latency_stats import distribution
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.latency_stats import distribution
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
 def load_hf_model(

@@ -14,11 +14,11 @@ from typing import TextIO
 
 import httpx
 
-from services.cli.ports import free_port
-from services.cli.redis_launcher import RedisServer
-from services.cli.supervisor import ChildSpec, Supervisor
-from shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
-from shared.options import option_argv
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.redis_launcher import RedisServer
+from pagedserve.services.cli.supervisor import ChildSpec, Supervisor
+from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+from pagedserve.shared.options import option_argv
 
 
 @dataclass(frozen=True)
@@ -59,17 +59,17 @@ class LocalPipeline:
         engine = {"plan_port": plan_port, "result_port": result_port,
                   "max_num_batched_tokens": c.max_num_batched_tokens,
                   "max_model_len": c.max_model_len}  # fmt: skip
-        scheduler = _python("services.scheduler", {
+        scheduler = _python("pagedserve.services.scheduler", {
             "redis_url": self.redis_url, "namespace": self.namespace,
             "engine_id": f"{self.namespace}-engine", "max_num_seqs": c.max_num_seqs, **engine,
             "num_speculative_tokens": c.num_speculative_tokens,
             "speculative_max_num_seqs": c.speculative_max_num_seqs,
         })  # fmt: skip
-        worker = _python("services.gpu_worker", {
+        worker = _python("pagedserve.services.gpu_worker", {
             "model": c.model_dir, "device": "cpu", "dtype": c.dtype, "num_blocks": c.num_blocks,
             **engine,
         })  # fmt: skip
-        gateway = _python("services.gateway", {
+        gateway = _python("pagedserve.services.gateway", {
             "model": c.model_dir, "redis_url": self.redis_url, "namespace": self.namespace,
             "port": self.port, "gateway_id": f"{self.namespace}-gw",
             "max_model_len": c.max_model_len,
@@ -117,4 +117,4 @@ class LocalPipeline:
 
 
 def _python(module: str, values: dict[str, object]) -> list[str]:
-    return [sys.executable, "-m", module, *option_argv(values)]
+    return [sys.executable, "-P", "-m", module, *option_argv(values)]

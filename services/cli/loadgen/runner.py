@@ -27,11 +27,19 @@ from typing import Any
 
 import httpx
 
-from services.cli.loadgen.engine_time import engine_time_shares, format_shares, read_engine_seconds
-from services.cli.loadgen.latency_stats import RequestRecord, summarize
-from services.cli.loadgen.sse_client import EndpointConfig, send_request
-from services.cli.loadgen.status_sampler import StatusSampler
-from services.cli.loadgen.workload import BenchRequest, poisson_arrival_times, with_fresh_words
+from pagedserve.services.cli.loadgen.engine_time import (
+    engine_time_shares,
+    format_shares,
+    read_engine_seconds,
+)
+from pagedserve.services.cli.loadgen.latency_stats import RequestRecord, summarize
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig, send_request
+from pagedserve.services.cli.loadgen.status_sampler import StatusSampler
+from pagedserve.services.cli.loadgen.workload import (
+    BenchRequest,
+    poisson_arrival_times,
+    with_fresh_words,
+)
 
 REPEATED_PROMPTS_NOTE = (
     "same prompts as an earlier level (a JSONL workload cannot be regenerated): they may hit "
@@ -234,12 +242,12 @@ def build_workload(args: Any) -> tuple[list[BenchRequest], Any, Path]:
     """The requests, the tokenizer that measured them and the model directory."""
     from transformers import AutoTokenizer
 
-    from services.cli.loadgen.workload import (
+    from pagedserve.services.cli.loadgen.workload import (
         LengthDistribution,
         load_jsonl_workload,
         synthetic_workload,
     )
-    from services.gpu_worker.default_model import ensure_model
+    from pagedserve.services.gpu_worker.default_model import ensure_model
 
     name = args.tokenizer or args.model
     try:
@@ -282,9 +290,9 @@ def load_levels(args: Any) -> list[LoadConfig]:
 def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str, Any]:
     import torch
 
-    from services.cli.loadgen.hf_baseline import run_hf_baseline
-    from services.gpu_worker.default_model import ensure_model
-    from services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.cli.loadgen.hf_baseline import run_hf_baseline
+    from pagedserve.services.gpu_worker.default_model import ensure_model
+    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
 
     hf_dir = ensure_model(args.hf_model) if args.hf_model else model_dir
     device = getattr(args, "hf_device", "cpu")
@@ -316,7 +324,7 @@ def run_from_args(args: Any) -> int:
     out = Path(args.out)
     write_json(result, out.with_suffix(".json"))
     if not args.no_plots:
-        from services.cli.loadgen.plots import write_plots
+        from pagedserve.services.cli.loadgen.plots import write_plots
 
         for path in write_plots(result, out):
             print(f"wrote {path}")
@@ -329,7 +337,7 @@ def _bench_launched(
 ) -> dict[str, Any]:
     import tempfile
 
-    from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+    from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 
     config = PipelineConfig(
         model_dir, args.dtype, args.max_num_seqs, worker_threads=args.worker_threads

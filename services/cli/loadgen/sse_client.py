@@ -16,8 +16,8 @@ from typing import Any
 
 import httpx
 
-from services.cli.loadgen.latency_stats import RequestRecord
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.latency_stats import RequestRecord
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 DONE = object()  # the `data: [DONE]` sentinel
 

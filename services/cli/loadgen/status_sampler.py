@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 
 import httpx
 
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, from_fields
-from shared.tasks import cancel_and_wait
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, from_fields
+from pagedserve.shared.tasks import cancel_and_wait
 
 
 @dataclass(frozen=True)

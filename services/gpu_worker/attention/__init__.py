@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
-from services.gpu_worker.attention.selector import get_attention_backend_cls
+from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
+from pagedserve.services.gpu_worker.attention.selector import get_attention_backend_cls
 
 __all__ = ["AttentionMetadata", "BaseAttentionBackend", "get_attention_backend_cls"]

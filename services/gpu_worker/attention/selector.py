@@ -6,7 +6,7 @@ import importlib
 
 import torch
 
-from services.gpu_worker.attention.base import BaseAttentionBackend
+from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
 
 BACKEND_NAMES = ("auto", "torch", "triton")
 
@@ -17,11 +17,11 @@ def get_attention_backend_cls(name: str, device: torch.device) -> type[BaseAtten
     if name == "auto":
         name = "triton" if device.type == "cuda" else "torch"
     if name == "torch":
-        from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+        from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 
         return TorchAttentionBackend
     try:
-        module = importlib.import_module("services.gpu_worker.attention.triton_backend")
+        module = importlib.import_module("pagedserve.services.gpu_worker.attention.triton_backend")
     except ImportError as exc:
         raise ValueError(f"the triton attention backend is unavailable: {exc}") from exc
     return module.TritonAttentionBackend

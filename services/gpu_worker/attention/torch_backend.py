@@ -23,10 +23,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_kv_write, cpu_paged_attention
-from kernels.reference import gather_kv, write_kv_cache
-from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
-from services.gpu_worker.attention.decode_plan import (
+from pagedserve.kernels import cpu_kv_write, cpu_paged_attention
+from pagedserve.kernels.reference import gather_kv, write_kv_cache
+from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
+from pagedserve.services.gpu_worker.attention.decode_plan import (
     DecodeGroup,
     gather_group,
     plan_decode_groups,

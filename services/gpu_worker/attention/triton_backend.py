@@ -7,10 +7,10 @@ import itertools
 
 import torch
 
-from kernels.kv_cache_write import write_kv_cache
-from kernels.paged_decode import paged_decode_attention
-from kernels.paged_prefill import build_work_items, paged_prefill_attention
-from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
+from pagedserve.kernels.kv_cache_write import write_kv_cache
+from pagedserve.kernels.paged_decode import paged_decode_attention
+from pagedserve.kernels.paged_prefill import build_work_items, paged_prefill_attention
+from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
 
 WORK_ITEMS_KEY = "triton_prefill_work_items"
 

@@ -62,7 +62,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
 
@@ -137,6 +137,8 @@ def pack_weight(weight: torch.Tensor) -> Fp32Packing | Bf16Packing:
         few_rows is not None
         and cpu_small_gemm.max_rows(weight.shape[1]) == cpu_small_gemm.AMX_MAX_ROWS
     ):
+        return Bf16Packing(None, few_rows)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():  # AVX2: oneDNN cannot pack bf16
         return Bf16Packing(None, few_rows)
     return Bf16Packing(torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1), few_rows)
 

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear
-from services.gpu_worker.parallel_state import (
+from pagedserve.services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear
+from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     gather_last_dim_to_rank0,
     get_tp_rank,

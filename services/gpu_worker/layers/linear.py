@@ -12,8 +12,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear, swiglu
-from services.gpu_worker.parallel_state import (
+from pagedserve.services.gpu_worker.layers.cpu_prepack import (
+    Bf16Packing,
+    Fp32Packing,
+    linear,
+    swiglu,
+)
+from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
     get_tp_rank,

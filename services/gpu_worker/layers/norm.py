@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from kernels import cpu_rms_norm
+from pagedserve.kernels import cpu_rms_norm
 
 
 class RMSNorm(nn.Module):

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from kernels import cpu_rotary
+from pagedserve.kernels import cpu_rotary
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 
 MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from kernels import (
+from pagedserve.kernels import (
     cpu_build,
     cpu_kv_write,
     cpu_paged_attention,
@@ -30,13 +30,16 @@ from kernels import (
     cpu_rotary,
     cpu_small_gemm,
 )
-from services.gpu_worker.attention.base import AttentionMetadata
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend, kernel_split
-from services.gpu_worker.layers.cpu_prepack import Bf16Packing
-from services.gpu_worker.parallel_state import get_tp_world_size
+from pagedserve.services.gpu_worker.attention.base import AttentionMetadata
+from pagedserve.services.gpu_worker.attention.torch_backend import (
+    TorchAttentionBackend,
+    kernel_split,
+)
+from pagedserve.services.gpu_worker.layers.cpu_prepack import Bf16Packing
+from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 
 if TYPE_CHECKING:
-    from services.gpu_worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
+    from pagedserve.services.gpu_worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
 BF16_BYTES = 2

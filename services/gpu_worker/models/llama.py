@@ -13,18 +13,22 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
-from services.gpu_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
-from services.gpu_worker.layers.linear import (
+from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
+from pagedserve.services.gpu_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedserve.services.gpu_worker.layers.linear import (
     MergedColumnParallelLinear,
     QKVParallelLinear,
     RowParallelLinear,
 )
-from services.gpu_worker.layers.norm import RMSNorm
-from services.gpu_worker.layers.rotary import RopeAngles, RotaryEmbedding, rotate_in_place
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.services.gpu_worker.layers.rotary import (
+    RopeAngles,
+    RotaryEmbedding,
+    rotate_in_place,
+)
 
 if TYPE_CHECKING:
-    from services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
+    from pagedserve.services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
 
 
 def _cfg(config: Any, name: str, default: Any) -> Any:

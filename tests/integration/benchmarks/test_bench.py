@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from services.cli import main
-from services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, from_fields
+from pagedserve.services.cli import main
+from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, from_fields
 from tests.integration.pipeline.served_model import build_served_model
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from services.cli.ports import free_port
+from pagedserve.services.cli.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # The console script that `pip install` puts next to the interpreter: what users run.

@@ -20,8 +20,8 @@ import httpx
 import pytest
 import redis
 
-from services.cli.ports import free_port
-from services.cli.redis_launcher import RedisServer
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.redis_launcher import RedisServer
 from tests.integration.cli.serve_process import (
     PAGEDSERVE,
     ServeProcess,
@@ -108,7 +108,12 @@ def test_serve_stream_queue_and_drain(model_dir: Path, serve_factory) -> None:
     serve_factory.append(serve.start())
     serve.wait_ready()
     commands = [Path(f"/proc/{pid}/cmdline").read_bytes() for pid in serve.child_pids]
-    for program in (b"services.scheduler", b"services.gpu_worker", b"services.gateway", b"redis"):
+    for program in (
+        b"pagedserve.services.scheduler",
+        b"pagedserve.services.gpu_worker",
+        b"pagedserve.services.gateway",
+        b"redis",
+    ):
         assert any(program in command for command in commands), (program, commands)
     socket_dir = _private_socket_dir(commands)
     found = _queue_without_redis_flags(serve)  # the discovery file leads `queue` to serve
@@ -176,7 +181,7 @@ def _private_socket_dir(commands: list[bytes]) -> Path:
     addresses = set()
     for command in commands:
         argv = command.split(b"\0")
-        if b"services.scheduler" in argv or b"services.gpu_worker" in argv:
+        if b"pagedserve.services.scheduler" in argv or b"pagedserve.services.gpu_worker" in argv:
             assert b"--plan-port" not in argv and b"--result-port" not in argv, argv
             addresses.add(argv[argv.index(b"--plan-address") + 1].decode())
     (address,) = addresses
@@ -220,7 +225,7 @@ def test_a_dead_worker_is_restarted_and_a_crash_loop_stops_everything(
 def _worker_pid(serve: ServeProcess) -> int:
     for pid in serve.descendants():
         with contextlib.suppress(OSError):
-            if b"services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            if b"pagedserve.services.gpu_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
                 return pid
     raise AssertionError(f"no worker running:\n{serve.log()}")
 

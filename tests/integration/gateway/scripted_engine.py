@@ -21,8 +21,8 @@ from typing import Any
 
 import redis
 
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import (
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import (
     AbortRequest,
     GenerateRequest,
     OutputBatch,

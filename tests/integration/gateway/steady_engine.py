@@ -11,9 +11,9 @@ import time
 
 import redis
 
-from shared.keys import ENGINE_GROUP
-from shared.protocol import GenerateRequest, ProtocolError, TokenDelta, decode
-from shared.status import ENGINE_STATUS_TTL_S, EngineStatus, to_fields
+from pagedserve.shared.keys import ENGINE_GROUP
+from pagedserve.shared.protocol import GenerateRequest, ProtocolError, TokenDelta, decode
+from pagedserve.shared.status import ENGINE_STATUS_TTL_S, EngineStatus, to_fields
 from tests.integration.gateway.scripted_engine import ScriptedEngine
 
 STATUS_INTERVAL_S = 1.0

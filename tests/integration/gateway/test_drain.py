@@ -15,11 +15,11 @@ import httpx
 import pytest
 import uvicorn
 
-from services.gateway.app import build_app
-from services.gateway.drain import Drainer, DrainingServer
-from services.gateway.engine_client import EngineClient
-from services.gateway.gateway_config import GatewayConfig
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.app import build_app
+from pagedserve.services.gateway.drain import Drainer, DrainingServer
+from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.gateway_config import GatewayConfig
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 from tests.integration.conftest import free_port
 from tests.integration.gateway.scripted_engine import ScriptedEngine
 

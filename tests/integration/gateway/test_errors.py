@@ -10,7 +10,7 @@ import httpx
 import pytest
 import redis
 
-from services.gateway.gateway_config import MAX_BODY_BYTES
+from pagedserve.services.gateway.gateway_config import MAX_BODY_BYTES
 from tests.integration.conftest import free_port
 from tests.integration.gateway.conftest import MODEL_NAME, start_gateway
 from tests.integration.gateway.scripted_engine import DEFAULT_REPLY, ScriptedEngine

@@ -7,8 +7,8 @@ import time
 import pytest
 import redis
 
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, to_fields
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, to_fields
 
 pytestmark = pytest.mark.integration
 

@@ -1,4 +1,4 @@
-"""`python -m services.gateway` as a real process: flags and PAGEDSERVE_* variables."""
+"""`python -m pagedserve.services.gateway` as a real process: flags and PAGEDSERVE_* variables."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 import redis
 
-from shared.protocol import decode
+from pagedserve.shared.protocol import decode
 from tests.integration.conftest import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -32,8 +32,8 @@ def model_dir(tmp_path_factory, info) -> Path:
 def test_module_entry_point(redis_url, model_dir):
     port = free_port()
     env = {**os.environ, "PAGEDSERVE_API_KEY": "sk-env", "PAGEDSERVE_SERVED_MODEL_NAME": "tiny"}
-    args = [sys.executable, "-m", "services.gateway", "--model", str(model_dir), "--port",
-            str(port), "--redis-url", redis_url, "--namespace", "maintest"]  # fmt: skip
+    args = [sys.executable, "-P", "-m", "pagedserve.services.gateway", "--model", str(model_dir),
+            "--port", str(port), "--redis-url", redis_url, "--namespace", "maintest"]  # fmt: skip
     process = subprocess.Popen(args, env=env, stderr=subprocess.PIPE)
     try:
         headers = {"Authorization": "Bearer sk-env"}
@@ -68,7 +68,14 @@ def test_module_entry_point(redis_url, model_dir):
 
 
 def test_bad_flag_is_a_clear_error():
-    args = [sys.executable, "-m", "services.gateway", "--max-pending-requests", "0"]
+    args = [
+        sys.executable,
+        "-P",
+        "-m",
+        "pagedserve.services.gateway",
+        "--max-pending-requests",
+        "0",
+    ]
     result = subprocess.run(args, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
     assert "max_pending_requests must be >= 1, got 0" in result.stderr

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 from tests.integration.conftest import RedisServer
 from tests.integration.gateway.conftest import RunningGateway, start_gateway
 from tests.integration.gateway.steady_engine import SteadyEngine

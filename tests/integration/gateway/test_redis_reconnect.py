@@ -9,14 +9,14 @@ import subprocess
 
 import pytest
 
-from services.cli.ports import free_port
-from services.cli.redis_launcher import (
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.redis_launcher import (
     RedisServer,
     find_redis_server,
     redis_server_command,
     wait_for_redis,
 )
-from services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.engine_client import EngineClient
 
 pytestmark = pytest.mark.integration
 

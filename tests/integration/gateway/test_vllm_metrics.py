@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from shared.iteration_histogram import IterationHistogram
-from shared.status import EngineStatus
+from pagedserve.shared.iteration_histogram import IterationHistogram
+from pagedserve.shared.status import EngineStatus
 from tests.integration.gateway.scripted_engine import DEFAULT_REPLY
 from tests.integration.gateway.test_health_metrics import publish, sample
 

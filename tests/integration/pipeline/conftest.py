@@ -16,8 +16,8 @@ import openai
 import pytest
 import redis
 
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, RequestStatus, from_fields
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, RequestStatus, from_fields
 from tests.integration.conftest import free_port
 from tests.integration.pipeline.served_model import MAX_MODEL_LEN, build_served_model
 from tests.integration.processes import (
@@ -152,8 +152,8 @@ def served_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def reference_engine(served_model_dir: Path):
     """The in-process engine on the same model: what the pipeline must reproduce."""
-    from services.engine import LLMEngine
-    from shared.config import CacheConfig, SchedulerConfig
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
 
     return LLMEngine(
         served_model_dir,

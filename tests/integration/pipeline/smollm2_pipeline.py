@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import openai
 
-from services.gpu_worker.default_model import ensure_model
+from pagedserve.services.gpu_worker.default_model import ensure_model
 from tests.integration.pipeline.conftest import (
     add_engine,
     add_gateway,

@@ -13,11 +13,11 @@ from dataclasses import replace
 import pytest
 import redis
 
-from services.gpu_worker.worker_loop import WorkerLoop
-from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
-from shared.config import CacheConfig, SchedulerConfig
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import (
+from pagedserve.services.gpu_worker.worker_loop import WorkerLoop
+from pagedserve.services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import (
     ERROR_ENGINE,
     ERROR_INVALID_REQUEST,
     ERROR_QUEUE_FULL,
@@ -30,7 +30,7 @@ from shared.protocol import (
     decode,
     encode,
 )
-from shared.status import EngineStatus, from_fields
+from pagedserve.shared.status import EngineStatus, from_fields
 from tests.integration.conftest import RedisServer, free_port
 
 pytestmark = pytest.mark.integration

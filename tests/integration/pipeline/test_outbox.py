@@ -11,12 +11,12 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.gateway.replay_guard import ReplayGuard
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.outbox import Outbox
-from services.scheduler.redis_io import RedisIO
-from shared.keys import RedisKeys
-from shared.protocol import TokenDelta, decode
+from pagedserve.services.gateway.replay_guard import ReplayGuard
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.redis_io import RedisIO
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.protocol import TokenDelta, decode
 from tests.integration.conftest import RedisServer
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import httpx
 import openai
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.pipeline.conftest import add_engine, add_gateway, wait_until_serving
 from tests.integration.pipeline.served_model import MAX_MODEL_LEN
 

@@ -11,7 +11,7 @@ import time
 import httpx
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.pipeline.conftest import (
     NUM_BLOCKS,
     add_engine,

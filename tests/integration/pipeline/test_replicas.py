@@ -8,7 +8,7 @@ import collections
 
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.pipeline.conftest import add_engine, add_gateway, wait_until_serving
 from tests.integration.processes import wait_for
 

@@ -12,7 +12,7 @@ import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
 
-from services.gateway.openapi_document import openapi_document
+from pagedserve.services.gateway.openapi_document import openapi_document
 from tests.integration.pipeline.conftest import wait_until_serving
 from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import add_engine, add_gateway

@@ -18,7 +18,7 @@ from collections import Counter
 import httpx
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.pipeline.conftest import wait_until_serving
 from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (

@@ -11,7 +11,7 @@ import os
 import httpx
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.conftest import RedisServer
 from tests.integration.pipeline.conftest import new_pipeline, wait_until_serving
 from tests.integration.processes import wait_for

@@ -19,8 +19,8 @@ import time
 import httpx
 import pytest
 
-from shared.protocol import SamplingParams
-from shared.status import ENGINE_STATUS_TTL_S
+from pagedserve.shared.protocol import SamplingParams
+from pagedserve.shared.status import ENGINE_STATUS_TTL_S
 from tests.integration.pipeline.conftest import wait_until_serving
 from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import (

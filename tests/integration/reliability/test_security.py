@@ -13,7 +13,7 @@ import httpx
 import msgpack
 import pytest
 
-from shared.protocol import Heartbeat, ProtocolError, decode, encode
+from pagedserve.shared.protocol import Heartbeat, ProtocolError, decode, encode
 from tests.integration.pipeline.conftest import wait_until_serving
 from tests.integration.processes import REPO_ROOT
 from tests.integration.reliability.cluster import add_engine, add_gateway
@@ -186,9 +186,9 @@ def test_every_service_listens_on_loopback_only_on_its_configured_ports(guarded)
 
 
 def test_redis_and_zeromq_endpoints_default_to_loopback_and_are_configurable(monkeypatch):
-    from services.gateway.__main__ import parse_args as gateway_args
-    from services.gpu_worker.__main__ import build_parser as worker_parser
-    from services.scheduler.__main__ import build_parser as scheduler_parser
+    from pagedserve.services.gateway.__main__ import parse_args as gateway_args
+    from pagedserve.services.gpu_worker.__main__ import build_parser as worker_parser
+    from pagedserve.services.scheduler.__main__ import build_parser as scheduler_parser
 
     scheduler = scheduler_parser().parse_args([])
     worker = worker_parser().parse_args([])

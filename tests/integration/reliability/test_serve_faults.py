@@ -21,7 +21,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from shared.protocol import SamplingParams
+from pagedserve.shared.protocol import SamplingParams
 from tests.integration.cli.serve_process import ServeProcess
 from tests.integration.processes import wait_for
 from tests.integration.reliability.cluster import StreamResult, stream_completion
@@ -56,10 +56,10 @@ def expected(reference_engine) -> list[str]:
 def victim_pid(serve: ServeProcess, victim: str) -> int:
     """The pid of the child `victim` names, from its command line."""
     needles = {
-        "scheduler": [b"services.scheduler"],
-        "worker0": [b"services.gpu_worker"],
+        "scheduler": [b"pagedserve.services.scheduler"],
+        "worker0": [b"pagedserve.services.gpu_worker"],
         "redis": [b"redis-server"],
-        "gateway1": [b"services.gateway", f"\0{serve.port + 1}\0".encode()],
+        "gateway1": [b"pagedserve.services.gateway", f"\0{serve.port + 1}\0".encode()],
     }[victim]
     for pid in serve.descendants():
         try:

@@ -11,15 +11,15 @@ import time
 import pytest
 import redis.asyncio as aioredis
 
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.ledger import Ledger
-from services.scheduler.outbox import Outbox
-from services.scheduler.redis_io import RedisIO
-from services.scheduler.scheduler import Scheduler
-from services.scheduler.status_reporter import StatusReporter
-from services.scheduler.worker_link import WorkerLink
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import GenerateRequest, SamplingParams, encode
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.ledger import Ledger
+from pagedserve.services.scheduler.outbox import Outbox
+from pagedserve.services.scheduler.redis_io import RedisIO
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.services.scheduler.status_reporter import StatusReporter
+from pagedserve.services.scheduler.worker_link import WorkerLink
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, encode
 from tests.unit.scheduler.helpers import make_scheduler
 
 pytestmark = pytest.mark.integration

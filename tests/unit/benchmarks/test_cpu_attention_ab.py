@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from benchmarks import cpu_attention_ab
-from kernels import cpu_paged_attention
+from pagedserve.kernels import cpu_paged_attention
 
 needs_git_and_kernel = pytest.mark.skipif(
     shutil.which("git") is None

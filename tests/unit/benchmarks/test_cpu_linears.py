@@ -8,7 +8,7 @@ import json
 import torch
 
 from benchmarks import cpu_linears
-from kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
 
 
 def test_shapes_follow_the_config(tmp_path):
@@ -24,7 +24,8 @@ def test_every_path_is_timed_and_gives_the_product():
     weight = torch.randn(40, 32).bfloat16()
     x = torch.randn(3, 32).bfloat16()
     paths = cpu_linears.products(weight)
-    assert {"F.linear", "oneDNN packed"} <= set(paths)
+    assert "F.linear" in paths
+    assert ("oneDNN packed" in paths) == torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert ("ours" in paths) == (cpu_small_gemm.load() is not None)
     expected = x.double() @ weight.double().T
     for name, product in paths.items():

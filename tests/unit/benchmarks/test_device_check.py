@@ -158,7 +158,7 @@ def test_summary_is_printed_and_written(tmp_path: Path) -> None:
 
 
 def test_serve_and_bench_command_lines_parse_with_the_real_cli(tmp_path: Path) -> None:
-    from services.cli import build_parser
+    from pagedserve.services.cli import build_parser
 
     parser = build_parser()
     prefix = len(pagedserve_argv())  # the console script, or python -c <its entry point>
@@ -171,7 +171,7 @@ def test_serve_and_bench_command_lines_parse_with_the_real_cli(tmp_path: Path) -
 
 def test_every_step_runs_a_module_that_exists(tmp_path: Path) -> None:
     for step in parse_args(["--out-dir", str(tmp_path)]).steps:
-        module = step.argv[2]  # python -m MODULE ...
+        module = step.argv[step.argv.index("-m") + 1]  # python [-P] -m MODULE ...
         if module == "pytest":
             test_file = next(arg for arg in step.argv if arg.endswith(".py"))
             assert (REPO_ROOT / test_file).is_file(), step

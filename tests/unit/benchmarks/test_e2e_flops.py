@@ -15,7 +15,7 @@ from benchmarks.e2e_flops import (
     request_flops,
     workload_flops,
 )
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 SMOLLM2 = {"hidden_size": 576, "num_attention_heads": 9, "num_key_value_heads": 3,
            "head_dim": 64, "num_hidden_layers": 30, "intermediate_size": 1536,
@@ -87,7 +87,7 @@ def test_the_fp32_limit_is_the_faster_of_torch_mm_and_the_kernel(monkeypatch) ->
 
 def test_the_kernels_rate_is_measured_where_it_builds() -> None:
     from benchmarks import roofline
-    from kernels import cpu_small_sgemm
+    from pagedserve.kernels import cpu_small_sgemm
 
     rate = roofline.sgemm_kernel_flops_per_s(rows=4, size=64, num_iters=1)
     assert (rate is None) == (not cpu_small_sgemm.available())

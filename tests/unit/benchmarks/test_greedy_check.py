@@ -7,8 +7,8 @@ import pytest
 
 from benchmarks.greedy_check import check_summary, compare_texts, first_difference, greedy_texts
 from benchmarks.transformers_serve import TransformersServeEndpoint
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 
 REQUESTS = [BenchRequest(" the cat", [2, 3], 3), BenchRequest(" the dog", [2, 9], 1)]
@@ -46,7 +46,7 @@ def test_texts_are_streamed_whole_from_both_kinds_of_server() -> None:
 def test_an_unreachable_server_raises_instead_of_giving_texts() -> None:
     import httpx
 
-    from services.cli.ports import free_port
+    from pagedserve.services.cli.ports import free_port
 
     with pytest.raises(httpx.ConnectError):
         greedy_texts(EndpointConfig(f"http://127.0.0.1:{free_port()}", "m"), REQUESTS)

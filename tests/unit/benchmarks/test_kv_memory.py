@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.kv_memory import KVSnapshot, kv_report, run_engine
-from services.cli.loadgen.workload import BenchRequest
-from services.engine import LLMEngine
-from shared.config import CacheConfig, SchedulerConfig
+from pagedserve.services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.engine import LLMEngine
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
 
 
 def test_report_arithmetic_on_a_hand_made_trace() -> None:

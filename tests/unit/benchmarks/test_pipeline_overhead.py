@@ -4,9 +4,9 @@ import pytest
 
 from benchmarks.kv_memory import run_engine
 from benchmarks.pipeline_overhead import compare, in_process_run, mean_of_runs
-from services.cli.loadgen.workload import BenchRequest
-from services.engine import LLMEngine
-from shared.config import CacheConfig, SchedulerConfig
+from pagedserve.services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.engine import LLMEngine
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
 
 
 def _run(duration_s: float, num_steps: int, prefix_cache_hit_tokens: int = 0) -> dict:

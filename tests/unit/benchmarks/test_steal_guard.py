@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from benchmarks.steal_guard import StealGuard, run_guarded_levels
-from services.cli.loadgen.runner import LoadConfig, plan_levels
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
+from pagedserve.services.cli.loadgen.runner import LoadConfig, plan_levels
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
 

@@ -18,8 +18,8 @@ from benchmarks.transformers_serve import (
     transformers_serve_argv,
     transformers_serve_env,
 )
-from services.cli.loadgen.runner import LoadConfig, run_load
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.runner import LoadConfig, run_load
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 
 CONFIG = TransformersServeConfig(Path("/models/smol"), threads=2)

@@ -17,8 +17,8 @@ from benchmarks.vs_transformers_serve import (
     report_section,
     workload_args,
 )
-from services.cli.loadgen.runner import LoadConfig, plan_levels, warmup_requests
-from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
+from pagedserve.services.cli.loadgen.runner import LoadConfig, plan_levels, warmup_requests
+from pagedserve.services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
 

@@ -5,8 +5,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from services.cli.ports import free_port
-from services.cli.redis_launcher import RedisServer
+from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.redis_launcher import RedisServer
 
 
 @pytest.fixture(scope="module")

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from services.cli import main
-from services.cli.discovery import (
+from pagedserve.services.cli import main
+from pagedserve.services.cli.discovery import (
     Deployment,
     DiscoveryError,
     announce,
@@ -23,7 +23,7 @@ from services.cli.discovery import (
     process_start_time,
     runtime_dir,
 )
-from shared.keys import RedisKeys
+from pagedserve.shared.keys import RedisKeys
 
 
 @pytest.fixture(autouse=True)

@@ -8,10 +8,10 @@ import time
 
 import redis
 
-from services.cli.health_probe import check_engine, check_gateway, main
-from services.cli.ports import free_port
-from shared.keys import RedisKeys
-from shared.status import EngineStatus, to_fields
+from pagedserve.services.cli.health_probe import check_engine, check_gateway, main
+from pagedserve.services.cli.ports import free_port
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus, to_fields
 
 NS = "probe"
 

@@ -15,12 +15,12 @@ from collections.abc import Callable, Iterator
 import pytest
 import redis
 
-from services.cli.launch_plan import Ports, ServeOptions
-from services.cli.local_cluster import LocalCluster
-from services.cli.redis_launcher import RedisServer
-from services.cli.restart_policy import CrashLoopError, RestartPolicy
-from services.cli.supervisor import Child, ChildSpec
-from shared.keys import RedisKeys
+from pagedserve.services.cli.launch_plan import Ports, ServeOptions
+from pagedserve.services.cli.local_cluster import LocalCluster
+from pagedserve.services.cli.redis_launcher import RedisServer
+from pagedserve.services.cli.restart_policy import CrashLoopError, RestartPolicy
+from pagedserve.services.cli.supervisor import Child, ChildSpec
+from pagedserve.shared.keys import RedisKeys
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(120)"]
 

@@ -9,12 +9,17 @@ import time
 import pytest
 import redis
 
-from services.cli import main
-from services.cli.queue_reader import QueueError, connect, read_queue, read_request
-from services.cli.queue_view import format_age, format_table, render_queue, render_request
-from shared.keys import ENGINE_GROUP, RedisKeys
-from shared.protocol import GenerateRequest, SamplingParams, encode
-from shared.status import EngineStatus, RequestStatus, to_fields
+from pagedserve.services.cli import main
+from pagedserve.services.cli.queue_reader import QueueError, connect, read_queue, read_request
+from pagedserve.services.cli.queue_view import (
+    format_age,
+    format_table,
+    render_queue,
+    render_request,
+)
+from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, encode
+from pagedserve.shared.status import EngineStatus, RequestStatus, to_fields
 
 NS = "qtest"
 KEYS = RedisKeys(NS)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.cli.restart_policy import CrashLoopError, RestartPolicy
+from pagedserve.services.cli.restart_policy import CrashLoopError, RestartPolicy
 
 
 def test_backoff_doubles_per_recent_death_up_to_the_cap() -> None:

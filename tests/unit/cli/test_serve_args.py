@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import socket
+import sys
 
 import pytest
 
-from services.cli import build_parser
-from services.cli.launch_plan import Ports, ServeOptions, plan_launch
-from services.cli.serve import options_from_args, pick_ports
+from pagedserve.services.cli import build_parser
+from pagedserve.services.cli.launch_plan import Ports, ServeOptions, plan_launch
+from pagedserve.services.cli.serve import options_from_args, pick_ports
 from tests.unit.compose.compose_files import parse_service_args
 
 PORTS = Ports(redis=7001, plan=7002, result=7003, master=7004)
@@ -97,13 +98,15 @@ def test_plan_one_worker_per_rank_sharing_the_scheduler_ports() -> None:
     assert [c.ready_line for c in plan.engine] == [
         "scheduler ready", "worker 0 ready", "worker 1 ready"
     ]  # fmt: skip
-    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    # -P: the child's working directory never stands first on its sys.path
+    assert plan.engine[0].argv[:4] == [sys.executable, "-P", "-m", "pagedserve.services.scheduler"]
+    scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
     assert (scheduler.plan_port, scheduler.result_port) == (7002, 7003)
     assert scheduler.tensor_parallel_size == 2 and scheduler.max_model_len == 512
     assert scheduler.no_prefix_caching and scheduler.policy == "priority"
     assert scheduler.engine_id == options.engine_id
     for rank, spec in enumerate(plan.engine[1:]):
-        worker = parse_service_args("services.gpu_worker", spec.argv[3:], {})
+        worker = parse_service_args("pagedserve.services.gpu_worker", spec.argv[4:], {})
         assert (worker.rank, worker.tensor_parallel_size) == (rank, 2)
         assert (worker.plan_port, worker.result_port, worker.master_port) == (7002, 7003, 7004)
         assert worker.model == "/models/m" and worker.max_model_len == 512
@@ -113,8 +116,8 @@ def test_without_a_block_size_the_workers_pick_it_and_the_scheduler_adopts_it() 
     plan = plan_launch(parse(), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
     for spec in plan.engine:
         assert "--block-size" not in spec.argv
-    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
-    worker = parse_service_args("services.gpu_worker", plan.engine[1].argv[3:], {})
+    scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+    worker = parse_service_args("pagedserve.services.gpu_worker", plan.engine[1].argv[4:], {})
     assert scheduler.block_size is None and worker.block_size is None
 
 
@@ -122,8 +125,8 @@ def test_without_a_token_budget_the_workers_pick_it_and_the_scheduler_adopts_it(
     plan = plan_launch(parse(), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
     for spec in plan.engine:
         assert "--max-num-batched-tokens" not in spec.argv
-    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
-    worker = parse_service_args("services.gpu_worker", plan.engine[1].argv[3:], {})
+    scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+    worker = parse_service_args("pagedserve.services.gpu_worker", plan.engine[1].argv[4:], {})
     assert scheduler.max_num_batched_tokens is None and worker.max_num_batched_tokens is None
 
 
@@ -131,8 +134,11 @@ def test_an_explicit_token_budget_reaches_the_scheduler_and_every_worker() -> No
     options = parse("--tensor-parallel-size", "2", "--max-num-batched-tokens", "1024")
     plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
     configs = [
-        parse_service_args("services.scheduler", plan.engine[0].argv[3:], {}),
-        *(parse_service_args("services.gpu_worker", s.argv[3:], {}) for s in plan.engine[1:]),
+        parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {}),
+        *(
+            parse_service_args("pagedserve.services.gpu_worker", s.argv[4:], {})
+            for s in plan.engine[1:]
+        ),
     ]
     assert [c.max_num_batched_tokens for c in configs] == [1024, 1024, 1024]
 
@@ -140,9 +146,10 @@ def test_an_explicit_token_budget_reaches_the_scheduler_and_every_worker() -> No
 def test_an_explicit_block_size_reaches_the_scheduler_and_every_worker() -> None:
     options = parse("--tensor-parallel-size", "2", "--block-size", "32")
     plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
-    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
+    scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
     workers = [
-        parse_service_args("services.gpu_worker", spec.argv[3:], {}) for spec in plan.engine[1:]
+        parse_service_args("pagedserve.services.gpu_worker", spec.argv[4:], {})
+        for spec in plan.engine[1:]
     ]
     assert [c.block_size for c in (scheduler, *workers)] == [32, 32, 32]
 
@@ -152,7 +159,9 @@ def test_plan_gateway_replicas_on_consecutive_ports_with_their_own_ids() -> None
                     "--api-key", "sk-secret", "--shutdown-timeout", "7")  # fmt: skip
     plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)
     configs = [
-        parse_service_args("services.gateway", spec.argv[3:], {"PAGEDSERVE_API_KEY": None})
+        parse_service_args(
+            "pagedserve.services.gateway", spec.argv[4:], {"PAGEDSERVE_API_KEY": None}
+        )
         for spec in plan.gateways
     ]
     assert [c.port for c in configs] == [9000, 9001, 9002]
@@ -178,22 +187,23 @@ def test_children_wait_for_a_restarted_engine_longer_than_their_own_defaults() -
     for argv, wait_s in (((), 120.0), (("--engine-loss-timeout", "45",
                                          "--worker-recovery-timeout", "50"), None)):  # fmt: skip
         plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
-        scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
-        gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+        scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+        gateway = parse_service_args("pagedserve.services.gateway", plan.gateways[0].argv[4:], {})
         expected = (wait_s, wait_s) if wait_s else (50.0, 45.0)
         assert (scheduler.worker_recovery_timeout, gateway.engine_loss_timeout) == expected
 
 
 def test_a_restarted_gateway_takes_a_new_id_on_the_same_port() -> None:
-    from services.cli.launch_plan import gateway_spec
+    from pagedserve.services.cli.launch_plan import gateway_spec
 
     options = parse("--num-gateways", "2", "--port", "9000")
     first, again = (gateway_spec(options, "/m", "redis://x:1/0", 9001, 1, g) for g in (0, 2))
     ids = [
-        parse_service_args("services.gateway", s.argv[3:], {}).gateway_id for s in (first, again)
+        parse_service_args("pagedserve.services.gateway", s.argv[4:], {}).gateway_id
+        for s in (first, again)
     ]
     assert ids == [f"{options.engine_id}-gateway1", f"{options.engine_id}-gateway1-r2"]
-    assert parse_service_args("services.gateway", again.argv[3:], {}).port == 9001
+    assert parse_service_args("pagedserve.services.gateway", again.argv[4:], {}).port == 9001
 
 
 def test_the_step_timeout_and_gateway_limits_reach_their_children() -> None:
@@ -201,8 +211,8 @@ def test_the_step_timeout_and_gateway_limits_reach_their_children() -> None:
             "--body-timeout", "4", "--max-seqs-per-request", "8",
             "--max-requests-per-client", "16", "--tokenizer-threads", "1")  # fmt: skip
     plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
-    scheduler = parse_service_args("services.scheduler", plan.engine[0].argv[3:], {})
-    gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+    scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+    gateway = parse_service_args("pagedserve.services.gateway", plan.gateways[0].argv[4:], {})
     assert scheduler.step_timeout == 90.0
     limits = (gateway.max_body_bytes, gateway.header_timeout, gateway.body_timeout,
               gateway.max_seqs_per_request, gateway.max_requests_per_client,
@@ -216,12 +226,12 @@ def test_the_tool_call_flags_reach_the_gateways(tmp_path) -> None:
     argv = ("--chat-template", str(template), "--enable-auto-tool-choice",
             "--tool-call-parser", "hermes")  # fmt: skip
     plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
-    gateway = parse_service_args("services.gateway", plan.gateways[0].argv[3:], {})
+    gateway = parse_service_args("pagedserve.services.gateway", plan.gateways[0].argv[4:], {})
     assert (gateway.chat_template, gateway.enable_auto_tool_choice, gateway.tool_call_parser) == (
         str(template),
         True,
         "hermes",
     )
     plain = plan_launch(parse(), "/m", "redis://127.0.0.1:7001/0", PORTS)
-    gateway = parse_service_args("services.gateway", plain.gateways[0].argv[3:], {})
+    gateway = parse_service_args("pagedserve.services.gateway", plain.gateways[0].argv[4:], {})
     assert (gateway.chat_template, gateway.enable_auto_tool_choice) == (None, False)

@@ -9,12 +9,12 @@ import textwrap
 import threading
 import time
 
-from services.cli.signal_flag import SignalFlag
+from pagedserve.services.cli.signal_flag import SignalFlag
 
 STRESS = textwrap.dedent(
     """
     import os, signal, threading
-    from services.cli.signal_flag import SignalFlag
+    from pagedserve.services.cli.signal_flag import SignalFlag
 
     flag = None
     signal.signal(signal.SIGUSR1, lambda sig, frame: flag.set())

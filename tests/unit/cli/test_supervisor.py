@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from services.cli.supervisor import ChildExited, ChildSpec, Supervisor
+from pagedserve.services.cli.supervisor import ChildExited, ChildSpec, Supervisor
 
 
 def python(code: str) -> list[str]:

@@ -105,7 +105,11 @@ def test_every_python_command_parses_with_the_service_parser(compose, profile) -
             except SystemExit as exc:
                 pytest.fail(f"{name}: `python -m {module} {' '.join(argv)}` fails: exit {exc}")
             seen.add(module)
-    assert {"services.gateway", "services.scheduler", "services.gpu_worker"} <= seen
+    assert {
+        "pagedserve.services.gateway",
+        "pagedserve.services.scheduler",
+        "pagedserve.services.gpu_worker",
+    } <= seen
 
 
 def test_python_c_imports_exist(compose) -> None:
@@ -139,11 +143,13 @@ def test_gpu_profile_is_tensor_parallel_over_four_gpus(compose) -> None:
     services = active_services(compose, {"gpu"})
     workers = {n: s for n, s in services.items() if n.startswith("worker")}
     assert sorted(workers) == ["worker0", "worker1", "worker2", "worker3"]
-    scheduler = parse_service_args("services.scheduler", services["scheduler"]["command"][3:], {})
+    scheduler = parse_service_args(
+        "pagedserve.services.scheduler", services["scheduler"]["command"][3:], {}
+    )
     ranks, device_ids = set(), []
     for worker in workers.values():
         (module, args), *_ = parsed_commands(worker)
-        assert module == "services.gpu_worker"
+        assert module == "pagedserve.services.gpu_worker"
         assert args.tensor_parallel_size == scheduler.tensor_parallel_size == 4
         assert args.device == "cuda"
         assert (args.plan_port, args.result_port) == (scheduler.plan_port, scheduler.result_port)
@@ -306,8 +312,12 @@ def test_build_context_is_an_allow_list() -> None:
 
 def test_gateway_ids_differ_between_replicas(compose) -> None:
     gateway = compose["services"]["gateway"]
-    first = parse_service_args("services.gateway", gateway["command"][3:], service_env(gateway))
-    second = parse_service_args("services.gateway", gateway["command"][3:], service_env(gateway))
+    first = parse_service_args(
+        "pagedserve.services.gateway", gateway["command"][3:], service_env(gateway)
+    )
+    second = parse_service_args(
+        "pagedserve.services.gateway", gateway["command"][3:], service_env(gateway)
+    )
     assert first.gateway_id != second.gateway_id
 
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.tokenizer import TokenizerInfo
+from pagedserve.services.gateway.tokenizer import TokenizerInfo
 from tests.unit.gateway.helpers import load_test_tokenizer
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from functools import cache
 
-from services.gateway.tokenizer import TokenizerInfo, load_tokenizer
+from pagedserve.services.gateway.tokenizer import TokenizerInfo, load_tokenizer
 
 TEST_MAX_MODEL_LEN = 256
 

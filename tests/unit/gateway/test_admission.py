@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from tokenizers import Tokenizer, models, normalizers, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
-from services.gateway.admission import check_num_sequences, check_text_fits
-from services.gateway.errors import APIError
-from services.gateway.token_bound import max_bytes_per_token, min_num_tokens
+from pagedserve.services.gateway.admission import check_num_sequences, check_text_fits
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.token_bound import max_bytes_per_token, min_num_tokens
 from tests.unit.gateway.helpers import load_test_tokenizer
 
 

@@ -4,9 +4,9 @@ import hmac
 
 import pytest
 
-from services.gateway import auth
-from services.gateway.auth import check_api_key, is_open_path
-from services.gateway.errors import APIError
+from pagedserve.services.gateway import auth
+from pagedserve.services.gateway.auth import check_api_key, is_open_path
+from pagedserve.services.gateway.errors import APIError
 
 
 def test_auth_off_accepts_anything():

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import pytest
 
-from services.gateway.auto_tools import AutoTools
-from services.gateway.chat_template import load_chat_template, renders_tools
-from services.gateway.errors import APIError
-from services.gateway.gateway_config import GatewayConfig
-from services.gateway.grammar_validator import library_error
-from services.gateway.openai_schema import parse_chat_request
-from services.gateway.output_processor import ChoiceUpdate
-from services.gateway.response_formatter import ResponseFormatter
-from services.gateway.tool_calls import as_auto_tool_message
+from pagedserve.services.gateway.auto_tools import AutoTools
+from pagedserve.services.gateway.chat_template import load_chat_template, renders_tools
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.gateway_config import GatewayConfig
+from pagedserve.services.gateway.grammar_validator import library_error
+from pagedserve.services.gateway.openai_schema import parse_chat_request
+from pagedserve.services.gateway.output_processor import ChoiceUpdate
+from pagedserve.services.gateway.response_formatter import ResponseFormatter
+from pagedserve.services.gateway.tool_calls import as_auto_tool_message
 
 TEMPLATE = Path(__file__).parents[2] / "fixtures" / "hermes_tool_template.jinja"
 WEATHER = {
@@ -161,7 +161,7 @@ def test_stream_chunks_have_vllm_shape():
 
 
 def test_the_gateway_refuses_to_start_with_a_bad_tool_setup(capsys):
-    from services.gateway.__main__ import parse_args
+    from pagedserve.services.gateway.__main__ import parse_args
 
     for argv, reason in (
         (["--enable-auto-tool-choice"], "needs --tool-call-parser"),

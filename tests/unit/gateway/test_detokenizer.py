@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from services.gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+from pagedserve.services.gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
 
 TEXTS = [
     "Hello, world!",

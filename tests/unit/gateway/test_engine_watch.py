@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.engine_watch import SLOW_READ_S, EngineLossClock
+from pagedserve.services.gateway.engine_watch import SLOW_READ_S, EngineLossClock
 
 
 def test_dead_time_accumulates_between_good_reads() -> None:

@@ -3,9 +3,9 @@ from __future__ import annotations
 import pytest
 from starlette.datastructures import Headers
 
-from services.gateway.errors import from_engine
-from services.gateway.http_middleware import request_id_of
-from shared.protocol import ERROR_ENGINE, ERROR_INVALID_REQUEST, ERROR_QUEUE_FULL
+from pagedserve.services.gateway.errors import from_engine
+from pagedserve.services.gateway.http_middleware import request_id_of
+from pagedserve.shared.protocol import ERROR_ENGINE, ERROR_INVALID_REQUEST, ERROR_QUEUE_FULL
 
 
 @pytest.mark.parametrize(

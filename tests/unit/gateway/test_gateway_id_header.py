@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from services.gateway.http_middleware import GATEWAY_ID_HEADER, GatewayMiddleware
+from pagedserve.services.gateway.http_middleware import GATEWAY_ID_HEADER, GatewayMiddleware
 
 
 async def _hello(request: Request) -> PlainTextResponse:

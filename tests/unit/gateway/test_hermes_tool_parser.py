@@ -9,7 +9,11 @@ import json
 
 import pytest
 
-from services.gateway.hermes_tool_parser import HermesStreamParser, ToolCall, parse_hermes
+from pagedserve.services.gateway.hermes_tool_parser import (
+    HermesStreamParser,
+    ToolCall,
+    parse_hermes,
+)
 
 WEATHER = (
     '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'

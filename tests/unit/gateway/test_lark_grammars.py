@@ -9,11 +9,11 @@ import asyncio
 import lark
 import pytest
 
-from services.gateway.errors import APIError
-from services.gateway.grammar_syntax import is_lark
-from services.gateway.grammar_validator import GrammarValidator, library_error
-from services.gateway.openai_schema import parse_chat_request, parse_completion_request
-from shared.protocol import StructuredOutput
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.grammar_syntax import is_lark
+from pagedserve.services.gateway.grammar_validator import GrammarValidator, library_error
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
+from pagedserve.shared.protocol import StructuredOutput
 
 ARITHMETIC = """
 ?start: sum

@@ -1,13 +1,13 @@
 from __future__ import annotations
 
-from services.gateway.logprob_formatter import (
+from pagedserve.services.gateway.logprob_formatter import (
     MIN_LOGPROB,
     TokenLogprob,
     chat_logprobs,
     completion_logprobs,
 )
-from services.gateway.output_processor import ChoiceProcessor
-from shared.protocol import TokenDelta
+from pagedserve.services.gateway.output_processor import ChoiceProcessor
+from pagedserve.shared.protocol import TokenDelta
 
 ENTRIES = [
     TokenLogprob("Hi", -0.1, [("Hi", -0.1), ("Hey", -2.5)], 0),

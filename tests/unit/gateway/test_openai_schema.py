@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.errors import APIError
-from services.gateway.openai_schema import (
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.openai_schema import (
     MAX_BATCH_PROMPTS,
     MAX_N,
     MAX_STOP_STRINGS,

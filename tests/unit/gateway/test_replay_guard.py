@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.replay_guard import ReplayGuard, ReplayMismatch
-from shared.protocol import TokenDelta
+from pagedserve.services.gateway.replay_guard import ReplayGuard, ReplayMismatch
+from pagedserve.shared.protocol import TokenDelta
 
 
 def delta(token_ids: list[int], total: int, **fields: object) -> TokenDelta:

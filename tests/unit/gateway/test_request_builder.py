@@ -2,9 +2,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.errors import APIError
-from services.gateway.openai_schema import parse_chat_request, parse_completion_request
-from services.gateway.request_builder import (
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
+from pagedserve.services.gateway.request_builder import (
     check_lengths,
     engine_requests,
     tokenize_chat,

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 
-from services.gateway.sse import SSE_DONE, sse_event
+from pagedserve.services.gateway.sse import SSE_DONE, sse_event
 
 
 def test_event_framing():

@@ -9,9 +9,9 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 
-from services.gateway import status_view
-from services.gateway.status_view import EngineStatusView
-from shared.status import EngineStatus
+from pagedserve.services.gateway import status_view
+from pagedserve.services.gateway.status_view import EngineStatusView
+from pagedserve.shared.status import EngineStatus
 
 
 class FakeClient:

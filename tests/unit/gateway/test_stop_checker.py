@@ -1,8 +1,8 @@
 from __future__ import annotations
 
-from services.gateway.output_processor import ChoiceProcessor
-from services.gateway.stop_checker import StopChecker
-from shared.protocol import TokenDelta
+from pagedserve.services.gateway.output_processor import ChoiceProcessor
+from pagedserve.services.gateway.stop_checker import StopChecker
+from pagedserve.shared.protocol import TokenDelta
 
 
 def feed(stop, pieces):

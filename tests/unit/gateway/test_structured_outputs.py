@@ -7,11 +7,11 @@ import json
 
 import pytest
 
-from services.gateway.errors import APIError
-from services.gateway.grammar_validator import GrammarValidator, library_error
-from services.gateway.openai_schema import parse_chat_request, parse_completion_request
-from services.gateway.tool_calls import ToolCallMode, as_tool_call_message
-from shared.protocol import StructuredOutput
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.grammar_validator import GrammarValidator, library_error
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
+from pagedserve.services.gateway.tool_calls import ToolCallMode, as_tool_call_message
+from pagedserve.shared.protocol import StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
 CANONICAL = json.dumps(SCHEMA, sort_keys=True)
@@ -169,7 +169,7 @@ def test_validator_answers_a_400_and_caches_by_spec():
 def test_the_output_writes_properties_in_the_schemas_order():
     import xgrammar
 
-    from services.gpu_worker.json_schema_fixups import fix_json_schema
+    from pagedserve.services.gpu_worker.json_schema_fixups import fix_json_schema
 
     schema = {
         "type": "object",

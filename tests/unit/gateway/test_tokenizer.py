@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from services.gateway.tokenizer import load_tokenizer, tokenizer_info
+from pagedserve.services.gateway.tokenizer import load_tokenizer, tokenizer_info
 
 TEXT = "Ça va? 你好 <|im_end|>"
 

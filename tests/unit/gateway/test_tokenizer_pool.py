@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from services.gateway.tokenizer_pool import TokenizerPool
+from pagedserve.services.gateway.tokenizer_pool import TokenizerPool
 
 
 def test_at_most_num_threads_run_at_once() -> None:

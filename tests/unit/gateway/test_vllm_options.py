@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.gateway.errors import APIError
-from services.gateway.openai_schema import parse_chat_request, parse_completion_request
-from services.gateway.request_builder import tokenize_chat, tokenize_completion
+from pagedserve.services.gateway.errors import APIError
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
+from pagedserve.services.gateway.request_builder import tokenize_chat, tokenize_completion
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_small_gemm
-from services.engine import LLMEngine
-from services.gpu_worker.attention.base import build_attention_metadata
-from services.gpu_worker.models.cpu_fused_forward import SWITCH, CpuFusedForward
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import SamplingParams
+from pagedserve.kernels import cpu_small_gemm
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.models.cpu_fused_forward import SWITCH, CpuFusedForward
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import SamplingParams
 
 pytestmark = pytest.mark.skipif(
     not cpu_small_gemm.cpu_has_avx512_bf16() or cpu_small_gemm.cpu_has_amx_bf16(),

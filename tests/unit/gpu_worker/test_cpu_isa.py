@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker import model_runner
-from services.gpu_worker.model_runner import cpu_supports_bf16, resolve_dtype
+from pagedserve.services.gpu_worker import model_runner
+from pagedserve.services.gpu_worker.model_runner import cpu_supports_bf16, resolve_dtype
 
 
 @pytest.fixture

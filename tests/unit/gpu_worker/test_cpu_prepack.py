@@ -7,16 +7,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from kernels import cpu_small_sgemm
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.layers import cpu_prepack
-from services.gpu_worker.layers.cpu_prepack import (
+from pagedserve.kernels import cpu_small_sgemm
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.layers import cpu_prepack
+from pagedserve.services.gpu_worker.layers.cpu_prepack import (
     can_prepack,
     linear,
     pack_weight,
     prepack_linears,
 )
-from services.gpu_worker.model_loader import load_model
+from pagedserve.services.gpu_worker.model_loader import load_model
 
 requires_bf16_kernels = pytest.mark.skipif(
     not can_prepack(torch.zeros(1, 1, dtype=torch.bfloat16)),

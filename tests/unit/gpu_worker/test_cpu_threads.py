@@ -11,8 +11,8 @@ import time
 import pytest
 import torch
 
-from services.gpu_worker import cpu_threads as ct
-from services.gpu_worker.cpu_threads import CpuSample, ThreadGovernor
+from pagedserve.services.gpu_worker import cpu_threads as ct
+from pagedserve.services.gpu_worker.cpu_threads import CpuSample, ThreadGovernor
 
 TICK = os.sysconf("SC_CLK_TCK")
 

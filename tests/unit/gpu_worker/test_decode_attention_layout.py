@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels.reference import gather_kv
-from services.gpu_worker.attention.torch_backend import batched_decode_attention
+from pagedserve.kernels.reference import gather_kv
+from pagedserve.services.gpu_worker.attention.torch_backend import batched_decode_attention
 
 
 def head_major_attention(

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.gpu_worker import default_model
-from shared.model_files import default_model_dir
+from pagedserve.services.gpu_worker import default_model
+from pagedserve.shared.model_files import default_model_dir
 
 
 @pytest.fixture

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.gpu_worker.grammar_book import GrammarBook
-from services.gpu_worker.grammar_compiler import GrammarCompileError, GrammarCompiler
-from services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
-from shared.protocol import SamplingParams, StructuredOutput
+from pagedserve.services.gpu_worker.grammar_book import GrammarBook
+from pagedserve.services.gpu_worker.grammar_compiler import GrammarCompileError, GrammarCompiler
+from pagedserve.services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
+from pagedserve.shared.protocol import SamplingParams, StructuredOutput
 from tests.integration.pipeline.served_model import build_served_model
 
 CHOICE = StructuredOutput("grammar", 'root ::= "yes" | "no"')
@@ -98,7 +98,7 @@ def test_each_distinct_spec_compiles_once(book, tokenizer):
 def test_a_tool_call_structural_tag_compiles_with_its_schemas_fixed(book):
     import json
 
-    from services.gpu_worker.json_schema_fixups import fix_structural_tag
+    from pagedserve.services.gpu_worker.json_schema_fixups import fix_structural_tag
 
     bounded = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 5}}}
     tag = {"type": "structural_tag", "format": {

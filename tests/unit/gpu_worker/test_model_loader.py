@@ -9,10 +9,10 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from services.gpu_worker.layers.rotary import rope_inv_freq
-from services.gpu_worker.model_loader import load_model
-from services.gpu_worker.models import get_model_cls
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.layers.rotary import rope_inv_freq
+from pagedserve.services.gpu_worker.model_loader import load_model
+from pagedserve.services.gpu_worker.models import get_model_cls
 from tests.fixtures.tiny_models import build_tiny_model
 
 
@@ -114,9 +114,9 @@ def test_unsupported_rope_scaling_is_a_clear_error():
 
 
 def test_rope_scaled_model_matches_hf(tmp_path: Path):
-    from services.engine import LLMEngine
-    from shared.config import CacheConfig, SchedulerConfig
-    from shared.protocol import SamplingParams
+    from pagedserve.services.engine import LLMEngine
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
+    from pagedserve.shared.protocol import SamplingParams
     from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
 
     scaling = {"rope_type": "linear", "factor": 2.0}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.gpu_worker.model_runner import ModelRunner, resolve_dtype
-from shared.config import CacheConfig
-from shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
+from pagedserve.services.gpu_worker.model_runner import ModelRunner, resolve_dtype
+from pagedserve.shared.config import CacheConfig
+from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 
-from services.gpu_worker.prompt_logprobs import PromptLogprobsCollector, prompt_slice
-from shared.protocol import CachedSequence, SamplingParams, StepPlan
+from pagedserve.services.gpu_worker.prompt_logprobs import PromptLogprobsCollector, prompt_slice
+from pagedserve.shared.protocol import CachedSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import load_hf
 from tests.unit.gpu_worker.test_model_runner import GREEDY, make_runner, new_seq
 

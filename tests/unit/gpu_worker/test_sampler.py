@@ -7,9 +7,14 @@ import math
 import pytest
 import torch
 
-from services.gpu_worker import sampler
-from services.gpu_worker.sampler import SamplingRow, apply_penalties, inverse_cdf_sample, sample
-from shared.protocol import SamplingParams
+from pagedserve.services.gpu_worker import sampler
+from pagedserve.services.gpu_worker.sampler import (
+    SamplingRow,
+    apply_penalties,
+    inverse_cdf_sample,
+    sample,
+)
+from pagedserve.shared.protocol import SamplingParams
 
 VOCAB = 64
 
@@ -218,7 +223,7 @@ def test_negative_int64_seeds_reproduce_and_differ_from_their_unsigned_twin():
 
 
 def test_allowed_tokens_mask_exactly_the_forbidden_tokens_of_their_rows():
-    from services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
+    from pagedserve.services.gpu_worker.sampler import AllowedTokens, apply_allowed_tokens
 
     vocab, rows = 70, [1, 3]  # a vocabulary that does not fill its last 32-bit word
     logits = torch.randn(4, vocab)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.sampler import SamplingRow, filter_logits
-from shared.protocol import SamplingParams
+from pagedserve.services.gpu_worker.sampler import SamplingRow, filter_logits
+from pagedserve.shared.protocol import SamplingParams
 
 pytestmark = pytest.mark.slow
 
@@ -56,7 +56,7 @@ def smollm2_logits() -> torch.Tensor:
     """[R, V] float32 next-token logits at every position of a few prompts."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from services.gpu_worker.default_model import ensure_default_model
+    from pagedserve.services.gpu_worker.default_model import ensure_default_model
 
     model_dir = ensure_default_model()
     tokenizer = AutoTokenizer.from_pretrained(model_dir)

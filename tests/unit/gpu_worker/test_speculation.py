@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from services.gpu_worker.sequence_state import SequenceState
-from services.gpu_worker.speculation import accepted, verify_drafts
-from shared.protocol import SamplingParams, StepResult
+from pagedserve.services.gpu_worker.sequence_state import SequenceState
+from pagedserve.services.gpu_worker.speculation import accepted, verify_drafts
+from pagedserve.shared.protocol import SamplingParams, StepResult
 
 
 @pytest.mark.parametrize(

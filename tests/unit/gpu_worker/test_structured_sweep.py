@@ -21,9 +21,9 @@ from benchmarks.structured_cases import (
     MAX_TOKENS_PER_SCHEMA,
     REGEXES,
 )
-from services.engine import LLMEngine
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import SamplingParams, StructuredOutput
+from pagedserve.services.engine import LLMEngine
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import SamplingParams, StructuredOutput
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 

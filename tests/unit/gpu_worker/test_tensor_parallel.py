@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch.multiprocessing as mp
 
-from shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
+from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import hf_greedy, load_hf
 from tests.fixtures.tiny_models import build_tiny_model
 
@@ -48,9 +48,12 @@ def build_plans(prompts: dict[str, list[int]], outputs: dict[str, list[int]]) ->
 
 
 def _worker(rank: int, port: int, model_dirs: list[str], plans_per_model: list, queue) -> None:
-    from services.gpu_worker.model_runner import ModelRunner
-    from services.gpu_worker.parallel_state import destroy_tensor_parallel, init_tensor_parallel
-    from shared.config import CacheConfig
+    from pagedserve.services.gpu_worker.model_runner import ModelRunner
+    from pagedserve.services.gpu_worker.parallel_state import (
+        destroy_tensor_parallel,
+        init_tensor_parallel,
+    )
+    from pagedserve.shared.config import CacheConfig
 
     init_tensor_parallel(rank, 2, "127.0.0.1", port, backend="gloo")
     try:

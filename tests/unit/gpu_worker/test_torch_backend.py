@@ -7,11 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from kernels import cpu_paged_attention
-from kernels.reference import paged_decode_attention, paged_prefill_attention, write_kv_cache
-from services.gpu_worker.attention.base import build_attention_metadata
-from services.gpu_worker.attention.selector import get_attention_backend_cls
-from services.gpu_worker.attention.torch_backend import TorchAttentionBackend, write_kv
+from pagedserve.kernels import cpu_paged_attention
+from pagedserve.kernels.reference import (
+    paged_decode_attention,
+    paged_prefill_attention,
+    write_kv_cache,
+)
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.attention.selector import get_attention_backend_cls
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend, write_kv
 
 BLOCK_SIZE, NUM_BLOCKS, HQ, HKV, D = 4, 128, 6, 2, 16
 TOLERANCE = {torch.float32: 1e-5, torch.bfloat16: 2e-2}

@@ -10,22 +10,24 @@ from pathlib import Path
 import pytest
 import torch
 
-import kernels.kv_cache_write
-import kernels.paged_decode
-import kernels.paged_prefill
-import services.gpu_worker.warmup as warmup
-from services.gpu_worker.model_runner import ModelRunner
-from services.gpu_worker.sampler import MAX_LOGPROBS, sample
-from services.gpu_worker.warmup import AttentionShape, run_worst_step, split_count_classes
-from shared.config import CacheConfig
+import pagedserve.services.gpu_worker.warmup as warmup
+from pagedserve.kernels import kv_cache_write, paged_decode, paged_prefill
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.sampler import MAX_LOGPROBS, sample
+from pagedserve.services.gpu_worker.warmup import (
+    AttentionShape,
+    run_worst_step,
+    split_count_classes,
+)
+from pagedserve.shared.config import CacheConfig
 from tests.kernels.launch_recorder import LaunchRecorder
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
 KERNELS = {
-    "write": (kernels.kv_cache_write, "kv_cache_write_kernel"),
-    "decode": (kernels.paged_decode, "paged_decode_kernel"),
-    "reduce": (kernels.paged_decode, "paged_decode_reduce_kernel"),
-    "prefill": (kernels.paged_prefill, "paged_prefill_kernel"),
+    "write": (kv_cache_write, "kv_cache_write_kernel"),
+    "decode": (paged_decode, "paged_decode_kernel"),
+    "reduce": (paged_decode, "paged_decode_reduce_kernel"),
+    "prefill": (paged_prefill, "paged_prefill_kernel"),
 }
 
 
@@ -61,7 +63,7 @@ def test_warm_up_launches_every_kernel_variant_once(
 ) -> None:
     cache = torch.zeros(4, SHAPE.block_size, SHAPE.num_kv_heads, SHAPE.head_dim)
     seconds = warmup.warm_up([(cache, cache.clone())], SHAPE, 64, torch.device("cpu"))
-    splits = split_count_classes(kernels.paged_decode.MAX_SPLITS)
+    splits = split_count_classes(paged_decode.MAX_SPLITS)
     assert list(seconds) == [
         "kv write",
         "prefill",
@@ -137,7 +139,7 @@ def test_a_warmed_up_triton_runner_serves_what_the_torch_runner_serves(
 ) -> None:
     # Warm-up writes into the first blocks of the real cache and runs every kernel variant;
     # a sequence given those blocks afterwards generates what an unwarmed runner generates.
-    from shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
+    from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 
     greedy = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 

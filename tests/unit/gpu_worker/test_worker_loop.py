@@ -9,8 +9,8 @@ import time
 import pytest
 import zmq
 
-from services.gpu_worker.worker_loop import WorkerLoop
-from shared.protocol import (
+from pagedserve.services.gpu_worker.worker_loop import WorkerLoop
+from pagedserve.shared.protocol import (
     Heartbeat,
     NewSequence,
     SamplingParams,
@@ -19,7 +19,7 @@ from shared.protocol import (
     StepResult,
     WorkerHello,
 )
-from shared.transport import PlanPublisher, ResultPuller
+from pagedserve.shared.transport import PlanPublisher, ResultPuller
 
 ANY_PORT = "tcp://127.0.0.1:*"
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from services.gpu_worker.speculation import accepted
-from services.scheduler.scheduler import Scheduler
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
+from pagedserve.services.gpu_worker.speculation import accepted
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
 
 
 def make_scheduler(

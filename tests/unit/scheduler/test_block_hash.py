@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.block_hash import DIGEST_SIZE, hash_block
+from pagedserve.services.scheduler.block_hash import DIGEST_SIZE, hash_block
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 REPO_ROOT = Path(__file__).resolve().parents[3]

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.block_hash import hash_block
-from services.scheduler.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from pagedserve.services.scheduler.block_hash import hash_block
+from pagedserve.services.scheduler.block_pool import BlockPool, FreeBlockQueue, KVBlock
 
 
 def free_ids(pool: BlockPool) -> list[int]:

@@ -8,10 +8,10 @@ import asyncio
 
 import pytest
 
-from services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
-from services.scheduler.engine_shape import EngineShape
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import WorkerHello
+from pagedserve.services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
+from pagedserve.services.scheduler.engine_shape import EngineShape
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import WorkerHello
 
 
 def hello(rank: int = 0, world_size: int = 1, **fields: int) -> WorkerHello:

@@ -4,7 +4,7 @@ to compile fails its request as the request's fault (invalid_request), not the e
 
 from __future__ import annotations
 
-from shared.protocol import ERROR_INVALID_REQUEST, StepResult
+from pagedserve.shared.protocol import ERROR_INVALID_REQUEST, StepResult
 from tests.unit.scheduler.helpers import make_request, make_scheduler
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import asyncio
 
-from services.scheduler.backoff import RedisBackoff
-from services.scheduler.intake import Intake
-from shared.protocol import AbortRequest
+from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.intake import Intake
+from pagedserve.shared.protocol import AbortRequest
 
 
 class BlockingIO:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.errors import RequestRejectedError
-from services.scheduler.request_validator import validate_request
-from shared.protocol import PromptLogprobs, StepResult
+from pagedserve.services.scheduler.errors import RequestRejectedError
+from pagedserve.services.scheduler.request_validator import validate_request
+from pagedserve.shared.protocol import PromptLogprobs, StepResult
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 

@@ -2,14 +2,14 @@ from __future__ import annotations
 
 import pytest
 
-from services.scheduler.errors import QueueFullError
-from services.scheduler.request import Request
-from services.scheduler.request_queue import (
+from pagedserve.services.scheduler.errors import QueueFullError
+from pagedserve.services.scheduler.request import Request
+from pagedserve.services.scheduler.request_queue import (
     FCFSRequestQueue,
     PriorityRequestQueue,
     make_request_queue,
 )
-from shared.protocol import GenerateRequest, SamplingParams
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
 
 def req(rid: str, index: int, priority: int = 0) -> Request:

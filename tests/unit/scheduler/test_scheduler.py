@@ -4,10 +4,10 @@ from dataclasses import replace
 
 import pytest
 
-from services.scheduler.errors import QueueFullError, RequestRejectedError
-from services.scheduler.scheduler import Scheduler
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import GenerateRequest, SamplingParams, StepResult
+from pagedserve.services.scheduler.errors import QueueFullError, RequestRejectedError
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepResult
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 

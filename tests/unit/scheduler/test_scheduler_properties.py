@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from services.scheduler.errors import RequestRejectedError
+from pagedserve.services.scheduler.errors import RequestRejectedError
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler
 
 EOS = 0

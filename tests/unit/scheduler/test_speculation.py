@@ -9,8 +9,8 @@ import dataclasses
 
 import pytest
 
-from services.scheduler.ngram_proposer import propose_ngram
-from shared.protocol import StructuredOutput
+from pagedserve.services.scheduler.ngram_proposer import propose_ngram
+from pagedserve.shared.protocol import StructuredOutput
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler
 
 CYCLE = [11, 12, 13, 14, 15]

@@ -7,7 +7,7 @@ import time
 
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.backoff import RedisBackoff
 
 
 def test_a_stop_cuts_a_redis_backoff_short() -> None:

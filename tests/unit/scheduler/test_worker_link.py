@@ -11,11 +11,11 @@ import time
 import pytest
 import zmq
 
-from services.scheduler.engine_shape import EngineShape
-from services.scheduler.worker_link import WorkerLink
-from shared.config import CacheConfig, SchedulerConfig
-from shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
-from shared.transport import PlanSubscriber, ResultPusher
+from pagedserve.services.scheduler.engine_shape import EngineShape
+from pagedserve.services.scheduler.worker_link import WorkerLink
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import Heartbeat, StepPlan, StepResult, WorkerHello
+from pagedserve.shared.transport import PlanSubscriber, ResultPusher
 
 ANY_PORT = "tcp://127.0.0.1:*"
 
@@ -123,7 +123,7 @@ def test_without_a_block_size_the_first_hello_sets_it_for_good(
         assert not await link.wait_ready(0.3)
         assert [h.rank for h in link.hellos] == [1] and link.block_size == 8
 
-    with caplog.at_level(logging.ERROR, logger="services.scheduler.worker_link"):
+    with caplog.at_level(logging.ERROR, logger="pagedserve.services.scheduler.worker_link"):
         asyncio.run(with_link(scenario, block_size=None))
     refusals = [
         r.getMessage() for r in caplog.records if "refusing worker rank 0" in r.getMessage()

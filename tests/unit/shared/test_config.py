@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.config import (
+from pagedserve.shared.config import (
     CacheConfig,
     SchedulerConfig,
     default_block_size,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.model_facts import length_limit, read_model_facts
+from pagedserve.shared.model_facts import length_limit, read_model_facts
 
 
 def write_model(path: Path, **files: dict) -> Path:
@@ -71,8 +71,8 @@ def test_gateway_and_worker_agree_on_a_sliding_window_model(tmp_path: Path) -> N
     (and so the scheduler) allows: both cap at the window."""
     from transformers import MistralConfig
 
-    from services.gateway.tokenizer import tokenizer_info
-    from services.gpu_worker.model_runner import model_len_limit
+    from pagedserve.services.gateway.tokenizer import tokenizer_info
+    from pagedserve.services.gpu_worker.model_runner import model_len_limit
     from tests.unit.gateway.helpers import load_test_tokenizer
 
     config = MistralConfig(max_position_embeddings=32768, sliding_window=4096)

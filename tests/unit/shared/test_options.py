@@ -7,12 +7,12 @@ import argparse
 
 import pytest
 
-from services.cli import build_parser
-from services.cli.launch_plan import Ports, ServeOptions, plan_launch
-from services.gateway.__main__ import GATEWAY_OPTIONS
-from services.gpu_worker.__main__ import build_parser as worker_parser
-from services.scheduler.__main__ import build_parser as scheduler_parser
-from shared.options import OPTIONS, Option, add_options, option_argv, optional_int, use
+from pagedserve.services.cli import build_parser
+from pagedserve.services.cli.launch_plan import Ports, ServeOptions, plan_launch
+from pagedserve.services.gateway.__main__ import GATEWAY_OPTIONS
+from pagedserve.services.gpu_worker.__main__ import build_parser as worker_parser
+from pagedserve.services.scheduler.__main__ import build_parser as scheduler_parser
+from pagedserve.shared.options import OPTIONS, Option, add_options, option_argv, optional_int, use
 
 GENERATE_OWN_FLAGS = {"--prompts", "--output", "--max-tokens", "--temperature", "--top-p",
                       "--seed", "--ignore-eos", "--help"}  # fmt: skip
@@ -85,14 +85,14 @@ def test_every_serve_child_command_line_parses_back_to_its_values() -> None:
     options = ServeOptions(tensor_parallel_size=2, max_model_len=512, block_size=32,
                            enable_prefix_caching=False, scheduling_policy="priority")  # fmt: skip
     plan = plan_launch(options, "/m", "redis://127.0.0.1:1/0", Ports(1, 2, 3, 4), "/tmp/s")
-    scheduler = scheduler_parser().parse_args(plan.engine[0].argv[3:])
+    scheduler = scheduler_parser().parse_args(plan.engine[0].argv[4:])
     assert (scheduler.max_model_len, scheduler.block_size, scheduler.policy) == (
         512,
         32,
         "priority",
     )
     assert scheduler.no_prefix_caching and scheduler.plan_address == "ipc:///tmp/s/plan.sock"
-    worker = worker_parser().parse_args(plan.engine[2].argv[3:])
+    worker = worker_parser().parse_args(plan.engine[2].argv[4:])
     assert (worker.rank, worker.block_size, worker.result_address) == (
         1, 32, "ipc:///tmp/s/result.sock"
     )  # fmt: skip

@@ -3,7 +3,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from shared.protocol import (
+from pagedserve.shared.protocol import (
     AbortRequest,
     CachedSequence,
     GenerateRequest,
@@ -111,7 +111,7 @@ def test_sampling_params_say_what_is_wrong(params, message):
 
 
 def test_new_fields_round_trip():
-    from shared.protocol import PromptLogprobs, StepResult, TokenDelta
+    from pagedserve.shared.protocol import PromptLogprobs, StepResult, TokenDelta
 
     params = SamplingParams(prompt_logprobs=2, logit_bias=((5, -1.5), (7, 100.0)), top_k=0)
     params.validate()

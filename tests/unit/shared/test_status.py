@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from shared.status import EngineStatus, RequestStatus, from_fields, to_fields
+from pagedserve.shared.status import EngineStatus, RequestStatus, from_fields, to_fields
 
 
 def test_engine_status_round_trips_through_redis_fields():

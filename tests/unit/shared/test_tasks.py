@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 
-from shared.tasks import cancel_and_wait
+from pagedserve.shared.tasks import cancel_and_wait
 
 
 async def swallows_one_cancel(swallowed: list[bool]) -> None:

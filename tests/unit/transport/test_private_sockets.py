@@ -10,7 +10,12 @@ import stat
 import pytest
 import zmq
 
-from shared.transport import PlanPublisher, PlanSubscriber, ipc_address, private_socket_dir
+from pagedserve.shared.transport import (
+    PlanPublisher,
+    PlanSubscriber,
+    ipc_address,
+    private_socket_dir,
+)
 
 
 @pytest.fixture

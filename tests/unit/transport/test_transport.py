@@ -9,7 +9,7 @@ import pytest
 import zmq
 import zmq.asyncio
 
-from shared.protocol import (
+from pagedserve.shared.protocol import (
     CachedSequence,
     Heartbeat,
     NewSequence,
@@ -18,7 +18,7 @@ from shared.protocol import (
     StepResult,
     WorkerHello,
 )
-from shared.transport import (
+from pagedserve.shared.transport import (
     AsyncPlanPublisher,
     AsyncResultPuller,
     PlanPublisher,

@@ -10,12 +10,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from services.cli.loadgen.engine_time import (
+from pagedserve.services.cli.loadgen.engine_time import (
     engine_time_shares,
     format_shares,
     read_engine_seconds,
 )
-from services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 
 LABELS = '{model_name="m"}'
 

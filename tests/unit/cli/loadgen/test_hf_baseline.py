@@ -5,8 +5,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from services.cli.loadgen.hf_baseline import load_hf_model, run_hf_baseline, run_static_batches
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.hf_baseline import (
+    load_hf_model,
+    run_hf_baseline,
+    run_static_batches,
+)
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 REQUESTS = [BenchRequest("", list(range(3, 3 + n)), out) for n, out in [(4, 3), (9, 6), (2, 2)]]
 

@@ -5,7 +5,12 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.cli.loadgen.latency_stats import RequestRecord, distribution, percentile, summarize
+from pagedserve.services.cli.loadgen.latency_stats import (
+    RequestRecord,
+    distribution,
+    percentile,
+    summarize,
+)
 
 
 @given(

@@ -8,16 +8,16 @@ import argparse
 
 import pytest
 
-from services.cli import bench
-from services.cli.loadgen.runner import (
+from pagedserve.services.cli import bench
+from pagedserve.services.cli.loadgen.runner import (
     LoadConfig,
     bench_server,
     plan_levels,
     run_levels,
     warmup_requests,
 )
-from services.cli.loadgen.sse_client import EndpointConfig
-from services.cli.loadgen.workload import LengthDistribution, synthetic_workload
+from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
+from pagedserve.services.cli.loadgen.workload import LengthDistribution, synthetic_workload
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
 

@@ -4,8 +4,8 @@ import asyncio
 
 import pytest
 
-from services.cli.loadgen.latency_stats import RequestRecord
-from services.cli.loadgen.sse_client import (
+from pagedserve.services.cli.loadgen.latency_stats import RequestRecord
+from pagedserve.services.cli.loadgen.sse_client import (
     DONE,
     EndpointConfig,
     StreamError,
@@ -14,7 +14,7 @@ from services.cli.loadgen.sse_client import (
     parse_sse_line,
     sse_lines,
 )
-from services.cli.loadgen.workload import BenchRequest
+from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 COMPLETION_STREAM = """\
 data: {"id":"c1","choices":[{"index":0,"text":"Hello","finish_reason":null}]}

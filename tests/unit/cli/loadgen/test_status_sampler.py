@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from services.cli.loadgen.status_sampler import StatusSampler, parse_prometheus_gauges
+from pagedserve.services.cli.loadgen.status_sampler import StatusSampler, parse_prometheus_gauges
 
 METRICS = """\
 # HELP vllm:num_requests_running Running on engines
@@ -46,7 +46,7 @@ def test_an_unreachable_source_is_survived() -> None:
 
 @pytest.mark.parametrize("sweep", [[1, 4], [2]])
 def test_plots_from_a_result(tmp_path, sweep: list[int]) -> None:
-    from services.cli.loadgen.plots import write_plots
+    from pagedserve.services.cli.loadgen.plots import write_plots
 
     record = {"ttft_s": 0.1, "tpot_s": 0.01, "e2e_s": 0.5, "error": None}
     runs = [

@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from services.cli.loadgen.workload import (
+from pagedserve.services.cli.loadgen.workload import (
     LengthDistribution,
     load_jsonl_workload,
     poisson_arrival_times,
