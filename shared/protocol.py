@@ -78,6 +78,10 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
     structured_output: StructuredOutput | None = None  # constrained decoding; None: free text
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled; None: all
+    # token sequences never to complete: a word's last token is masked after its other tokens
+    # (vLLM's bad_words, tokenized by the gateway with and without a leading space)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
 
     @property
     def is_greedy(self) -> bool:
@@ -115,8 +119,19 @@ class SamplingParams:
             problems.append(
                 f"structured_output.kind must be one of {STRUCTURED_KINDS}, got {structured.kind!r}"
             )
+        problems += self._mask_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _mask_problems(self) -> list[str]:
+        problems = []
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            problems.append("allowed_token_ids must not be empty")
+        if any(t < 0 for t in self.allowed_token_ids or ()):
+            problems.append("allowed_token_ids must be >= 0")
+        if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
+            problems.append("bad_words_token_ids must be non-empty lists of ids >= 0")
+        return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,6 +142,8 @@ class GenerateRequest:
     gateway_id: str = ""  # whose output stream gets the deltas; "" for in-process use
     arrival_time: float = 0.0  # unix seconds, set by whoever first accepts the request
     priority: int = 0  # lower runs earlier under the priority policy
+    # a tenant's prefix-cache namespace: requests hit only blocks cached under the same salt
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -358,6 +375,9 @@ def _ext_hook(tag: int, data: bytes) -> Any:
         kwargs[name] = tuple(kwargs[name])
     if cls is SamplingParams:
         kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
+        if kwargs["allowed_token_ids"] is not None:
+            kwargs["allowed_token_ids"] = tuple(kwargs["allowed_token_ids"])
+        kwargs["bad_words_token_ids"] = tuple(tuple(w) for w in kwargs["bad_words_token_ids"])
     return cls(**kwargs)
 
 

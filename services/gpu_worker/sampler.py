@@ -1,6 +1,7 @@
 """Batched token sampling on rank 0.
 
-Order of operations, as vLLM (v1) does it: logit_bias and the min_tokens mask of EOS/stop
+Order of operations, as vLLM (v1) does it: allowed_token_ids and bad_words masks
+(token_masks.py), logit_bias and the min_tokens mask of EOS/stop
 tokens, then penalties (repetition over prompt + output, presence and frequency over output)
 apply to the raw logits; greedy rows (temperature < 1e-5) take the argmax; the others divide
 by temperature, drop tokens below min_p times the best token's probability, keep the top_k
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.kernels import cpu_argmax
+from pagedserve.services.gpu_worker.token_masks import apply_token_masks, has_token_masks
 from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
@@ -277,6 +279,7 @@ def _only_argmax(row: SamplingRow) -> bool:
         p.is_greedy
         and p.logprobs is None
         and not p.logit_bias
+        and not has_token_masks(p)
         and not _has_penalties(row)
         and len(row.output_token_ids) >= p.min_tokens
     )
@@ -302,6 +305,7 @@ def sample(
             return SamplerOutput(argmax(logits).tolist(), None, None)
         logits = logits.float()
     raw_logits = logits
+    logits = apply_token_masks(logits, [r.params for r in rows], [r.output_token_ids for r in rows])
     logits = apply_logit_bias(logits, rows)
     if _needs_penalties(rows):
         logits = apply_penalties(logits, rows)

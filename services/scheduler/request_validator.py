@@ -40,6 +40,11 @@ def _type_problem(name: str, kind: str, value: object) -> str | None:
         isinstance(value, tuple) and all(_is_int(v) for v in value)
     ):
         return f"{name} must be a list of integers, got {value!r}"
+    if kind == "tuple[tuple[int, ...], ...]" and not (
+        isinstance(value, tuple)
+        and all(isinstance(v, tuple) and all(_is_int(t) for t in v) for v in value)
+    ):
+        return f"{name} must be a list of lists of integers, got {value!r}"
     return None
 
 
@@ -62,6 +67,8 @@ def _sampling_problems(sampling: SamplingParams, vocab_size: int) -> list[str]:
             ("stop_token_ids", sampling.stop_token_ids),
             ("eos_token_ids", sampling.eos_token_ids),
             ("logit_bias", biased),
+            ("allowed_token_ids", sampling.allowed_token_ids or ()),
+            ("bad_words", tuple(t for word in sampling.bad_words_token_ids for t in word)),
         )
         for name, ids in checked:
             outside = [t for t in ids if not 0 <= t < vocab_size]
