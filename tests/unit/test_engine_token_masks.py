@@ -56,7 +56,7 @@ def test_allowed_token_ids_restrict_greedy_to_the_whitelist(engine, hf):
         assert set(result.token_ids) <= set(allowed)
         assert result.token_ids != unmasked
         assert result.token_ids == hf_generate(
-            hf, prompt, prefix_allowed_tokens_fn=lambda _batch, _ids: allowed
+            hf, prompt, prefix_allowed_tokens_fn=lambda _batch, _ids, allowed=allowed: allowed
         )
 
 
