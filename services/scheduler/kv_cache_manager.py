@@ -140,4 +140,5 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size]))
+            block_tokens = tokens[i * size : (i + 1) * size]
+            hashes.append(hash_block(parent, block_tokens, request.cache_salt))

@@ -31,6 +31,7 @@ class Request:
     arrival_time: float
     arrival_index: int  # tie-breaker: order of acceptance by this scheduler
     gateway_id: str = ""
+    cache_salt: str | None = None  # prefix-cache namespace, hashed into the first block
     all_token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
@@ -57,6 +58,7 @@ class Request:
             arrival_time=request.arrival_time or now,
             arrival_index=arrival_index,
             gateway_id=request.gateway_id,
+            cache_salt=request.cache_salt,
             all_token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
         )

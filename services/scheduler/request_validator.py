@@ -98,6 +98,9 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
         raise RequestRejectedError(f"request {rid!r}: prompt token ids must be >= 0")
     if not _is_int(request.priority):
         raise RequestRejectedError(f"request {rid!r}: priority must be an integer")
+    salt = request.cache_salt
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise RequestRejectedError(f"request {rid!r}: cache_salt must be a non-empty string")
     if not isinstance(request.sampling, SamplingParams):
         raise RequestRejectedError(f"request {rid!r}: sampling is not a SamplingParams")
     problems = _sampling_problems(request.sampling, vocab_size)
