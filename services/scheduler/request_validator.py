@@ -133,3 +133,26 @@ def check_fits(
             f"needs {num_needed} KV blocks of {block_size} tokens but the whole cache "
             f"has {num_blocks}"
         )
+
+
+def check_beam_fits(
+    request: GenerateRequest, max_num_seqs: int, block_size: int, num_blocks: int
+) -> None:
+    """Raise `RequestRejectedError` if `request`'s beams could not all run at once here: more
+    beams than `max_num_seqs`, or more blocks than the cache holds were no block shared (so
+    that a beam search alone can always finish, whatever its beams share)."""
+    width = request.sampling.beam_width
+    if not width:
+        return
+    rid = request.request_id
+    if width > max_num_seqs:
+        raise RequestRejectedError(
+            f"request {rid!r}: beam search with {width} beams exceeds max_num_seqs ({max_num_seqs})"
+        )
+    num_tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+    num_needed = width * -(-num_tokens // block_size)
+    if num_needed > num_blocks:
+        raise RequestRejectedError(
+            f"request {rid!r}: {width} beams of up to {num_tokens} tokens may need "
+            f"{num_needed} KV blocks of {block_size} tokens but the whole cache has {num_blocks}"
+        )

@@ -39,3 +39,12 @@ def test_sampler_reports_raw_logprobs_of_the_masked_pick():
 def test_masks_cross_the_wire_as_tuples():
     params = SamplingParams(allowed_token_ids=(4, 5), bad_words_token_ids=((1, 2), (3,)))
     assert decode(encode(params)) == params
+
+
+def test_block_copies_read_every_source_before_writing():
+    from pagedserve.services.gpu_worker.kv_cache import copy_blocks
+
+    caches = [(torch.arange(4.0).view(4, 1, 1, 1), 10 + torch.arange(4.0).view(4, 1, 1, 1))]
+    copy_blocks(caches, [(1, 2), (2, 3)])  # 3 gets 2's content from before the step
+    assert caches[0][0].flatten().tolist() == [0, 1, 1, 2]
+    assert caches[0][1].flatten().tolist() == [10, 11, 11, 12]
