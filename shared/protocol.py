@@ -36,8 +36,9 @@ class ProtocolError(ValueError):
 # Requests (gateway -> scheduler)
 
 
-MAX_BEAM_WIDTH = 10  # beams rank 2 * width candidates from a worker's top logprobs (<= 20)
+MAX_BEAM_WIDTH = 10  # beams rank 2 * width candidates from the top MAX_LOGPROBS logprobs
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
+MAX_LOGPROBS = 20  # top alternatives per token, for `logprobs` and `prompt_logprobs`
 
 # StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
 # response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
@@ -74,7 +75,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
     ignore_eos: bool = False
-    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k
     # log-softmax of every prompt position's token (and its top k); None: none
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
@@ -111,10 +112,10 @@ class SamplingParams:
             problems.append(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                problems.append(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not math.isfinite(bias):
                 problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "

@@ -46,6 +46,7 @@ from pagedserve.services.gateway.openai_schema import (
     parse_completion_request,
 )
 from pagedserve.services.gateway.openapi_document import openapi_document
+from pagedserve.services.gateway.output_modes import PLAIN_TEXT
 from pagedserve.services.gateway.output_processor import ChoiceProcessor
 from pagedserve.services.gateway.request_builder import (
     PromptInput,
@@ -239,8 +240,7 @@ class GatewayRoutes:
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
             want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
             options.n, options.logprobs or 0,
-            tool_call=options.structured.tool_call if options.structured else None,
-            **auto_tool_fields(parsed),
+            mode=parsed.mode if isinstance(parsed, ChatRequest) else PLAIN_TEXT,
         )  # fmt: skip
         await session.submit()
         try:
@@ -267,23 +267,9 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if formatter.tool_call is not None:  # held back until the call is whole
-                        if update.finish_reason:
-                            processor = session.processors[index]
-                            yield sse_event(formatter.tool_call_chunk(index, update, processor))
-                    elif formatter.auto_tools:
-                        processor = session.processors[index]
-                        chunk = formatter.auto_tool_chunk(index, update, processor)
-                        if chunk is not None:
-                            yield sse_event(chunk)
-                    elif (
-                        update.text
-                        or update.logprobs
-                        or update.finish_reason
-                        or (update.token_ids and formatter.output.return_token_ids)
-                    ):
-                        processor = session.processors[index]
-                        yield sse_event(formatter.chunk(index, update, processor))
+                    chunk = formatter.chunk(index, update, session.processors[index])
+                    if chunk is not None:
+                        yield sse_event(chunk)
             if include_usage:
                 yield sse_event(formatter.usage_chunk(session.usage()))
         except APIError as exc:
@@ -344,13 +330,6 @@ def prompt_views(
         text = sent if as_sent else info.tokenizer.decode(prompt.token_ids)
         views.append(PromptView(prompt.token_ids, text))
     return views
-
-
-def auto_tool_fields(parsed: CompletionRequest | ChatRequest) -> dict[str, Any]:
-    """The formatter's settings for reading Hermes calls (tool_choice "auto")."""
-    if not isinstance(parsed, ChatRequest) or not parsed.auto_tools:
-        return {}
-    return {"auto_tools": True, "tool_text_prefix": parsed.tool_text_prefix}
 
 
 async def _collect(session: CompletionSession) -> None:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 
 from pagedserve.services.gateway.admission import check_text_fits
 from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.field_table import SEED_MAX, SEED_MIN
 from pagedserve.services.gateway.openai_schema import (
-    SEED_MAX,
-    SEED_MIN,
     ChatRequest,
     CompletionRequest,
     SamplingOptions,

@@ -3,13 +3,8 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.services.gateway.errors import APIError
-from pagedserve.services.gateway.openai_schema import (
-    MAX_BATCH_PROMPTS,
-    MAX_N,
-    MAX_STOP_STRINGS,
-    parse_chat_request,
-    parse_completion_request,
-)
+from pagedserve.services.gateway.field_table import MAX_BATCH_PROMPTS, MAX_N, MAX_STOP_STRINGS
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
 
 
 def completion(**fields):
