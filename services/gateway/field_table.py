@@ -14,6 +14,7 @@ import math
 from typing import Any
 
 from pagedserve.services.gateway.chat_messages import MESSAGES_SCHEMA, read_messages
+from pagedserve.services.gateway.engine_fields import ENGINE_FIELDS
 from pagedserve.services.gateway.errors import bad_request
 from pagedserve.services.gateway.request_fields import (
     INT32_MAX,
@@ -233,6 +234,7 @@ COMMON_FIELDS: tuple[Field, ...] = (
     CustomField("truncate_prompt_tokens", _read_truncate_prompt_tokens, {
         "type": "integer", "minimum": -1, "maximum": INT32_MAX, "nullable": True,
     }),
+    *ENGINE_FIELDS,
 )  # fmt: skip
 COMPLETION_FIELDS: tuple[Field, ...] = (
     CustomField("prompt", _read_prompts, {

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.gateway.chat_messages import ChatMessage
+from pagedserve.services.gateway.engine_fields import read_beam_width
 from pagedserve.services.gateway.errors import bad_request
 from pagedserve.services.gateway.field_table import CHAT, COMMON, COMPLETION
 from pagedserve.services.gateway.output_modes import PLAIN_TEXT, HermesToolCalls, OutputMode
@@ -53,6 +54,11 @@ class SamplingOptions:
     logit_bias: tuple[tuple[int, float], ...] = ()
     prompt_logprobs: int | None = None  # what the engine computes (echo + logprobs asks too)
     structured: StructuredRequest | None = None  # response_format, guided_*, tools, ...
+    allowed_token_ids: tuple[int, ...] | None = None
+    bad_words: tuple[str, ...] = ()  # tokenized in request_builder, as vLLM does
+    cache_salt: str | None = None
+    beam_width: int = 0  # beam search with this many beams (best_of or n); 0: none
+    length_penalty: float = 1.0
 
 
 @dataclass(frozen=True)
@@ -95,9 +101,6 @@ def _refuse_unsupported(body: dict[str, Any]) -> None:
         value = body.get(name)
         if value not in (None, False, {}, [], ""):
             raise bad_request(f"`{name}` is not supported by this server", name)
-    best_of = body.get("best_of")
-    if best_of not in (None, 1) and best_of != body.get("n", 1):
-        raise bad_request("`best_of` is not supported (only best_of == n)", "best_of")
 
 
 def read_sampling(
@@ -123,6 +126,7 @@ def read_sampling(
         top_k=-1 if top_k == 0 else top_k,  # 0 and -1 both mean "all tokens", as in vLLM
         min_tokens=min_tokens,
         logprobs=logprobs,
+        beam_width=read_beam_width(body, read["n"], logprobs),
         **read,
     )
 
@@ -130,7 +134,7 @@ def read_sampling(
 _PLAIN_SAMPLING_FIELDS = (
     "temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos", "n", "priority",
-    "logit_bias",
+    "logit_bias", "allowed_token_ids", "bad_words", "cache_salt", "length_penalty",
 )  # fmt: skip
 
 

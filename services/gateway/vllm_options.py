@@ -23,16 +23,11 @@ from pagedserve.services.gateway.field_table import CHAT, COMMON
 # vLLM parameters this server cannot honour: refused (400 naming them) unless sent with the
 # value that means "off", so that nobody believes they took effect.
 REFUSED_UNLESS_OFF: dict[str, tuple[Any, str]] = {
-    "use_beam_search": (False, "beam search is not implemented"),
-    "length_penalty": (1.0, "it only applies to beam search, which is not implemented"),
-    "bad_words": ([], "bad-word banning is not implemented (logit_bias bans single tokens)"),
-    "allowed_token_ids": (None, "it is not implemented (logit_bias can steer tokens)"),
     "return_tokens_as_token_ids": (False, "logprob tokens are always shown as text"),
     "spaces_between_special_tokens": (True, "the fast tokenizers decode only this way"),
     "prompt_embeds": (None, "prompts are token ids or text only"),
     "lora_request": (None, "LoRA adapters are not supported"),
     "logits_processors": (None, "custom logits processors are not supported"),
-    "cache_salt": (None, "the prefix cache is shared by every request"),
 }
 
 
