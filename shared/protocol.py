@@ -175,6 +175,9 @@ class GenerateRequest:
     priority: int = 0  # lower runs earlier under the priority policy
     # a tenant's prefix-cache namespace: requests hit only blocks cached under the same salt
     cache_salt: str | None = None
+    # the n samples of one prompt (parallel sampling) share it: the scheduler admits the
+    # others once the first has computed the prompt's full blocks, which they then share
+    sample_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -224,6 +224,11 @@ def engine_requests(
                     arrival_time=now,
                     priority=options.priority,
                     cache_salt=options.cache_salt,
+                    sample_group=(
+                        f"{request_id}-p{prompt_index}"
+                        if options.n > 1 and not options.beam_width
+                        else None
+                    ),
                 )
             )
     return requests

@@ -28,6 +28,9 @@ class KVCacheManager:
         self._tables: dict[str, list[KVBlock]] = {}  # request id -> its block table
         self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
         self._block_copies: list[tuple[int, int]] = []  # (source, destination) for next plan
+        # digests of full blocks that a running parallel sample is computing (not cached yet)
+        # -> (its id, its sample group)
+        self._computing: dict[bytes, tuple[str, str]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,6 +60,8 @@ class KVCacheManager:
         for request in running:
             self._check_table(request, self._tables.get(request.request_id, []))
         self._check_shared_uncached(running)
+        stale = {rid for rid, _ in self._computing.values()} - set(self._tables)
+        assert not stale, f"blocks marked as being computed by requests without a table: {stale}"
 
     def _check_shared_uncached(self, running: list[Request]) -> None:
         """A block shared but not in the prefix cache can only have come from a fork."""
@@ -102,6 +107,16 @@ class KVCacheManager:
             hit_blocks.append(block)
         return hit_blocks, len(hit_blocks) * self.block_size
 
+    def is_being_computed(self, request: Request, num_hit_blocks: int) -> bool:
+        """Whether the full block of `request` after its `num_hit_blocks` cached ones is being
+        computed by another sample of its group (the n samples of one prompt, admitted
+        together): waiting a step for it turns a copy of the prompt into a cache hit."""
+        hashes = request.block_hashes
+        if request.sample_group is None or num_hit_blocks >= len(hashes):
+            return False
+        holder_id, group = self._computing.get(hashes[num_hit_blocks], ("", None))
+        return group == request.sample_group and holder_id != request.request_id
+
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
     ) -> list[KVBlock] | None:
@@ -127,6 +142,7 @@ class KVCacheManager:
             # Hit blocks are already in the cache map: do not hash them again.
             cached = self._num_cached_blocks.get(request.request_id, 0)
             self._num_cached_blocks[request.request_id] = cached + len(new_computed_blocks)
+        self._mark_computing(request, len(table))
         return appended
 
     def cache_blocks(self, request: Request) -> None:
@@ -143,6 +159,7 @@ class KVCacheManager:
         self._extend_hashes(request, num_full)
         for i in range(num_cached, num_full):
             self.pool.cache_full_block(table[i], request.block_hashes[i])
+            self._stop_computing(request.block_hashes[i], rid)
         self._num_cached_blocks[rid] = num_full
 
     def fork(self, parent: Request, child: Request) -> None:
@@ -181,9 +198,25 @@ class KVCacheManager:
         """Give back the request's blocks, last block first, so that a request's tail blocks
         (the least likely to be shared) are evicted before its prefix."""
         table = self._tables.pop(request.request_id, None)
-        self._num_cached_blocks.pop(request.request_id, None)
+        num_cached = self._num_cached_blocks.pop(request.request_id, 0)
+        for block_hash in request.block_hashes[num_cached:]:
+            self._stop_computing(block_hash, request.request_id)
         if table:
             self.pool.free_blocks(reversed(table))
+
+    def _mark_computing(self, request: Request, num_blocks: int) -> None:
+        """The full blocks of known tokens that `request`'s table now holds uncached."""
+        if not self.enable_prefix_caching or request.sample_group is None:
+            return
+        num_full = min(num_blocks, request.num_tokens // self.block_size)
+        self._extend_hashes(request, num_full)
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        for block_hash in request.block_hashes[start:num_full]:
+            self._computing.setdefault(block_hash, (request.request_id, request.sample_group))
+
+    def _stop_computing(self, block_hash: bytes, request_id: str) -> None:
+        if self._computing.get(block_hash, ("",))[0] == request_id:
+            del self._computing[block_hash]
 
     def _num_blocks_to_take(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock]

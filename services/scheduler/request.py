@@ -33,6 +33,7 @@ class Request:
     arrival_index: int  # tie-breaker: order of acceptance by this scheduler
     gateway_id: str = ""
     cache_salt: str | None = None  # prefix-cache namespace, hashed into the first block
+    sample_group: str | None = None  # the n parallel samples of one prompt share this
     all_token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
@@ -64,6 +65,7 @@ class Request:
             arrival_index=arrival_index,
             gateway_id=request.gateway_id,
             cache_salt=request.cache_salt,
+            sample_group=request.sample_group,
             all_token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
         )

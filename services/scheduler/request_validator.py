@@ -98,6 +98,8 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
         raise RequestRejectedError(f"request {rid!r}: prompt token ids must be >= 0")
     if not _is_int(request.priority):
         raise RequestRejectedError(f"request {rid!r}: priority must be an integer")
+    if request.sample_group is not None and not isinstance(request.sample_group, str):
+        raise RequestRejectedError(f"request {rid!r}: sample_group must be a string")
     salt = request.cache_salt
     if salt is not None and not (isinstance(salt, str) and salt):
         raise RequestRejectedError(f"request {rid!r}: cache_salt must be a non-empty string")

@@ -154,6 +154,8 @@ class StepPlanner:
             if num_seqs + self.beams.seqs_to_admit(request) > self.config.max_num_seqs:
                 break
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            if self.kv.is_being_computed(request, len(hit_blocks)):
+                break  # its prefix is computed this step by another: hit it next step
             num_new = request.num_tokens - num_hit
             if num_new > token_budget:
                 if not self.config.enable_chunked_prefill:
