@@ -113,8 +113,10 @@ def build_engine(model: str, num_blocks: int, max_num_seqs: int) -> Any:
     )
 
 
-def prompt_ids(engine: Any, num_prompts: int) -> list[list[int]]:
-    texts = [PROMPTS[i % len(PROMPTS)] for i in range(num_prompts)]
+def prompt_ids(engine: Any, num_prompts: int, repeat: int) -> list[list[int]]:
+    """Distinct prompts (no two share a block); each sentence said `repeat` times, so that a
+    prompt has full blocks (a one-sentence prompt fits in one partial block)."""
+    texts = [" ".join([PROMPTS[i % len(PROMPTS)]] * repeat) + f" ({i})" for i in range(num_prompts)]
     if engine.tokenizer is None:  # the tiny model: ids of the texts' bytes
         return [[3 + b % 500 for b in t.encode()] for t in texts]
     return [engine.encode(t) for t in texts]
@@ -123,7 +125,7 @@ def prompt_ids(engine: Any, num_prompts: int) -> list[list[int]]:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     widths = [int(w) for w in args.widths.split(",")]
     engine = build_engine(args.model, args.num_blocks, args.num_prompts * max(widths))
-    prompts = prompt_ids(engine, args.num_prompts)
+    prompts = prompt_ids(engine, args.num_prompts, args.prompt_repeat)
     counts = [
         count_blocks(engine, workload(prompts, mode, w, args.max_tokens, f"{mode}{w}"), mode, w)
         for mode in ("beam", "parallel")
@@ -132,6 +134,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     return {
         "model": args.model,
         "num_prompts": args.num_prompts,
+        "prompt_repeat": args.prompt_repeat,
         "prompt_tokens": [len(p) for p in prompts],
         "max_tokens": args.max_tokens,
         "block_size": 16,
@@ -154,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--model", default="smollm2", help=f"a model, or {TINY!r}")
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--prompt-repeat", type=int, default=8, help="times each sentence is said")
     p.add_argument("--widths", default="2,4,6", help="beams / samples per prompt")
     p.add_argument("--num-blocks", type=int, default=2048)
     p.add_argument("--out", default="benchmarks/results/beam_blocks.json")
