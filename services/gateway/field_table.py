@@ -229,6 +229,10 @@ COMMON_FIELDS: tuple[Field, ...] = (
     BoolField("return_token_ids"),
     BoolField("skip_special_tokens", True),
     BoolField("include_stop_str_in_output"),
+    BoolField("return_tokens_as_token_ids"),
+    # the fast tokenizers never put a space between adjacent special tokens, which is what
+    # `false` asks for; `true` (vLLM's default) decodes the same way here
+    BoolField("spaces_between_special_tokens", True),
     BoolField("add_special_tokens", None),  # None: the endpoint's default (vLLM's)
     CustomField("truncate_prompt_tokens", _read_truncate_prompt_tokens, {
         "type": "integer", "minimum": -1, "maximum": INT32_MAX, "nullable": True,
@@ -252,6 +256,7 @@ CHAT_FIELDS: tuple[Field, ...] = (
     IntField("top_logprobs", 0, MAX_LOGPROBS),
     BoolField("add_generation_prompt", True),
     BoolField("continue_final_message"),
+    StringField("chat_template"),  # honoured only with --trust-request-chat-template
     CustomField("chat_template_kwargs", _read_chat_template_kwargs,
                 {"type": "object", "nullable": True}),
 )  # fmt: skip

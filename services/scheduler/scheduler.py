@@ -415,7 +415,9 @@ class Scheduler:
         index: int,
         result: StepResult,
     ) -> TokenDelta:
-        logprobs, top_logprobs = self._logprobs(request, shown, index, result)
+        # the stop token's logprob is sent too, as vLLM lists it
+        with_stop = shown + request.all_token_ids[-1:] if is_stop_token else shown
+        logprobs, top_logprobs = self._logprobs(request, with_stop, index, result)
         return self._finish(
             request,
             reason,

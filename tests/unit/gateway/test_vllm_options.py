@@ -53,7 +53,7 @@ def test_echo_with_logprobs_asks_the_engine_for_prompt_logprobs():
         ("use_beam_search", True, "beam search is not implemented"),
         ("bad_words", ["x"], "not supported"),
         ("allowed_token_ids", [1, 2], "not supported"),
-        ("spaces_between_special_tokens", False, "not supported"),
+        ("spaces_between_special_tokens", "no", "boolean"),
         ("response_format", "json", "must be an object"),
     ],
 )
