@@ -16,26 +16,32 @@ from typing import Any
 from pagedserve.services.gateway.chat_messages import MESSAGES_SCHEMA, read_messages
 from pagedserve.services.gateway.errors import bad_request
 from pagedserve.services.gateway.request_fields import (
-    INT32_MAX,
     BoolField,
     CustomField,
     Field,
     IntField,
     NumberField,
     StringField,
-    is_int,
 )
-from pagedserve.shared.protocol import MAX_LOGPROBS
+from pagedserve.shared.request_bounds import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGPROBS,
+    MAX_PROMPT_LOGPROBS,
+)
+from pagedserve.shared.value_checks import is_int
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
-PRIORITY_LIMIT = 2**31
+SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX  # any int64, as OpenAI and vLLM accept
+PRIORITY_LIMIT = -INT32_MIN
 MAX_LOGIT_BIAS_ENTRIES = 1024
-LOGIT_BIAS_LIMIT = 100.0
 # chat_template_kwargs may not override what the gateway itself passes to the template
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {"conversation", "messages", "tokenize", "return_dict", "chat_template", "tools"}
@@ -100,7 +106,9 @@ def _read_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
             raise bad_request(f"`logit_bias[{key}]` must be a number", "logit_bias")
         if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
             raise bad_request(
-                f"`logit_bias[{key}]` must be >= -100 and <= 100, got {bias}", "logit_bias"
+                f"`logit_bias[{key}]` must be >= {-LOGIT_BIAS_LIMIT} and <= {LOGIT_BIAS_LIMIT}, "
+                f"got {bias}",
+                "logit_bias",
             )
         pairs.append((int(key), float(bias)))
     return tuple(pairs)
@@ -183,7 +191,7 @@ def _read_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 
 _STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-PROMPT_LOGPROBS_BOUND = IntField("prompt_logprobs", 0, MAX_LOGPROBS)
+PROMPT_LOGPROBS_BOUND = IntField("prompt_logprobs", 0, MAX_PROMPT_LOGPROBS)
 STREAM_OPTION_FIELDS = {
     "include_usage": BoolField("include_usage"),
     "continuous_usage_stats": BoolField("continuous_usage_stats"),

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.kernels import cpu_argmax
-from pagedserve.shared.protocol import GREEDY_TEMPERATURE, MAX_LOGPROBS, SamplingParams
+from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
+from pagedserve.shared.request_bounds import MAX_LOGPROBS
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
 _MASK64 = 2**64 - 1
