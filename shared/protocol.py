@@ -27,6 +27,8 @@ from typing import Any
 
 import msgpack
 
+from pagedserve.shared.request_bounds import MAX_LOGPROBS, MAX_PROMPT_LOGPROBS
+
 
 class ProtocolError(ValueError):
     """Bytes that do not decode to a known message."""
@@ -38,7 +40,6 @@ class ProtocolError(ValueError):
 
 MAX_BEAM_WIDTH = 10  # beams rank 2 * width candidates from the top MAX_LOGPROBS logprobs
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
-MAX_LOGPROBS = 20  # top alternatives per token, for `logprobs` and `prompt_logprobs`
 
 # StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
 # response_format and tools, vLLM's structured_outputs and guided_*) into one of these.
@@ -112,10 +113,15 @@ class SamplingParams:
             problems.append(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
-        for name in ("logprobs", "prompt_logprobs"):
-            k = getattr(self, name)
-            if k is not None and not 0 <= k <= MAX_LOGPROBS:
-                problems.append(f"{name} must be in [0, {MAX_LOGPROBS}], got {k}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if (
+            self.prompt_logprobs is not None
+            and not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS
+        ):
+            problems.append(
+                f"prompt_logprobs must be in [0, {MAX_PROMPT_LOGPROBS}], got {self.prompt_logprobs}"
+            )
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not math.isfinite(bias):
                 problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "

@@ -186,7 +186,24 @@ class GatewayRoutes:
             "created": self.created,
             "owned_by": "pagedserve",
             "root": self.config.model,
+            "parent": None,
             "max_model_len": self.info.max_model_len,
+            "permission": [  # vLLM's card lists one permission object, open to all
+                {
+                    "id": f"modelperm-{self.config.model_name}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
 
     async def models(self, request: Request) -> Response:
@@ -209,6 +226,12 @@ class GatewayRoutes:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
         admit_chat(parsed, self.config.max_seqs_per_request)
+        if parsed.chat_template is not None and not self.config.trust_request_chat_template:
+            raise bad_request(
+                "`chat_template` was sent with the request, but this server does not trust "
+                "request templates (start it with --trust-request-chat-template)",
+                "chat_template",
+            )
         self.auto_tools.check(parsed)
         prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info)
         max_len = self.info.max_model_len
@@ -232,7 +255,9 @@ class GatewayRoutes:
         processors = [
             ChoiceProcessor(self.info, options.stop, want_logprobs,
                             skip_special_tokens=output.skip_special_tokens,
-                            include_stop_str_in_output=output.include_stop_str_in_output)
+                            include_stop_str_in_output=output.include_stop_str_in_output,
+                            stop_token_ids=options.stop_token_ids, min_tokens=options.min_tokens,
+                            tokens_as_ids=output.return_tokens_as_token_ids)
             for _ in requests
         ]  # fmt: skip
         session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
@@ -372,6 +397,7 @@ def build_app(
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),
+            Route("/ping", routes.health, methods=["GET", "POST"]),  # vLLM's (SageMaker's)
             Route("/metrics", routes.metrics_text, methods=["GET"]),
             Route("/openapi.json", routes.openapi, methods=["GET"]),
             Route("/tokenize", tokenize_routes.tokenize, methods=["POST"]),

@@ -152,8 +152,13 @@ class CompletionSession:
         metrics.request_generation_tokens.observe(processor.num_output_tokens)
         metrics.request_params_n.observe(self.n)
         metrics.request_params_max_tokens.observe(request.sampling.max_tokens)
+        metrics.request_max_num_generation_tokens.observe(request.sampling.max_tokens)
+        metrics.prompt_tokens_cached.inc(processor.num_cached_tokens)
         if timing.first_token_wall > 0:
-            metrics.decode_time.observe(max(0.0, timing.finish_wall - timing.first_token_wall))
+            decode_s = max(0.0, timing.finish_wall - timing.first_token_wall)
+            metrics.decode_time.observe(decode_s)
+            if processor.num_output_tokens > 1:
+                metrics.time_per_output_token.observe(decode_s / (processor.num_output_tokens - 1))
 
     async def _observe_engine_times(self, request: GenerateRequest, timing: ChoiceTiming) -> None:
         """Queue, prefill and inference times start when the engine first scheduled it."""

@@ -17,26 +17,32 @@ from pagedserve.services.gateway.chat_messages import MESSAGES_SCHEMA, read_mess
 from pagedserve.services.gateway.engine_fields import ENGINE_FIELDS
 from pagedserve.services.gateway.errors import bad_request
 from pagedserve.services.gateway.request_fields import (
-    INT32_MAX,
     BoolField,
     CustomField,
     Field,
     IntField,
     NumberField,
     StringField,
-    is_int,
 )
-from pagedserve.shared.protocol import MAX_LOGPROBS
+from pagedserve.shared.request_bounds import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    LOGIT_BIAS_LIMIT,
+    MAX_LOGPROBS,
+    MAX_PROMPT_LOGPROBS,
+)
+from pagedserve.shared.value_checks import is_int
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
-PRIORITY_LIMIT = 2**31
+SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX  # any int64, as OpenAI and vLLM accept
+PRIORITY_LIMIT = -INT32_MIN
 MAX_LOGIT_BIAS_ENTRIES = 1024
-LOGIT_BIAS_LIMIT = 100.0
 # chat_template_kwargs may not override what the gateway itself passes to the template
 RESERVED_TEMPLATE_KWARGS = frozenset(
     {"conversation", "messages", "tokenize", "return_dict", "chat_template", "tools"}
@@ -101,7 +107,9 @@ def _read_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
             raise bad_request(f"`logit_bias[{key}]` must be a number", "logit_bias")
         if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
             raise bad_request(
-                f"`logit_bias[{key}]` must be >= -100 and <= 100, got {bias}", "logit_bias"
+                f"`logit_bias[{key}]` must be >= {-LOGIT_BIAS_LIMIT} and <= {LOGIT_BIAS_LIMIT}, "
+                f"got {bias}",
+                "logit_bias",
             )
         pairs.append((int(key), float(bias)))
     return tuple(pairs)
@@ -184,7 +192,7 @@ def _read_prompts(body: dict[str, Any]) -> list[str | list[int]]:
 
 _STOP_STRING = {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS}
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-PROMPT_LOGPROBS_BOUND = IntField("prompt_logprobs", 0, MAX_LOGPROBS)
+PROMPT_LOGPROBS_BOUND = IntField("prompt_logprobs", 0, MAX_PROMPT_LOGPROBS)
 STREAM_OPTION_FIELDS = {
     "include_usage": BoolField("include_usage"),
     "continuous_usage_stats": BoolField("continuous_usage_stats"),
@@ -230,6 +238,10 @@ COMMON_FIELDS: tuple[Field, ...] = (
     BoolField("return_token_ids"),
     BoolField("skip_special_tokens", True),
     BoolField("include_stop_str_in_output"),
+    BoolField("return_tokens_as_token_ids"),
+    # the fast tokenizers never put a space between adjacent special tokens, which is what
+    # `false` asks for; `true` (vLLM's default) decodes the same way here
+    BoolField("spaces_between_special_tokens", True),
     BoolField("add_special_tokens", None),  # None: the endpoint's default (vLLM's)
     CustomField("truncate_prompt_tokens", _read_truncate_prompt_tokens, {
         "type": "integer", "minimum": -1, "maximum": INT32_MAX, "nullable": True,
@@ -254,6 +266,7 @@ CHAT_FIELDS: tuple[Field, ...] = (
     IntField("top_logprobs", 0, MAX_LOGPROBS),
     BoolField("add_generation_prompt", True),
     BoolField("continue_final_message"),
+    StringField("chat_template"),  # honoured only with --trust-request-chat-template
     CustomField("chat_template_kwargs", _read_chat_template_kwargs,
                 {"type": "object", "nullable": True}),
 )  # fmt: skip

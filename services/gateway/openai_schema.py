@@ -26,6 +26,7 @@ from pagedserve.services.gateway.vllm_options import (
     read_continue_final_message,
     read_output_options,
 )
+from pagedserve.shared.protocol import GREEDY_TEMPERATURE
 
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
 UNSUPPORTED = ("suffix", "functions")
@@ -85,6 +86,7 @@ class ChatRequest:
     chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None  # rendered by the chat template
     mode: OutputMode = PLAIN_TEXT  # how the output is returned (text, tool calls)
+    chat_template: str | None = None  # the request's own template (a trusting server only)
 
     @property
     def auto_tools(self) -> bool:
@@ -121,6 +123,10 @@ def read_sampling(
         )
     top_k = COMMON["top_k"].read(body)
     read = {name: COMMON[name].read(body) for name in _PLAIN_SAMPLING_FIELDS}
+    if read["n"] > 1 and read["temperature"] < GREEDY_TEMPERATURE:
+        raise bad_request(
+            f"`n` must be 1 when using greedy sampling (temperature 0), got {read['n']}", "n"
+        )
     return SamplingOptions(
         max_tokens=max_tokens,
         top_k=-1 if top_k == 0 else top_k,  # 0 and -1 both mean "all tokens", as in vLLM
@@ -154,6 +160,21 @@ def _read_stream(body: dict[str, Any]) -> tuple[bool, bool]:
     return stream, COMMON["stream_options"].read(body)["include_usage"]
 
 
+def _at_least_one_token(
+    sampling: SamplingOptions, output: OutputOptions, name: str
+) -> tuple[SamplingOptions, OutputOptions]:
+    """vLLM's rule: `max_tokens` 0 is a 400, except with completions' `echo`, where one token
+    is generated and only the prompt is shown."""
+    if sampling.max_tokens != 0:
+        return sampling, output
+    if not output.echo or name != "max_tokens":
+        raise bad_request(f"`{name}` must be at least 1, got 0", name)
+    return (
+        dataclasses.replace(sampling, max_tokens=1),
+        dataclasses.replace(output, prompt_only=True),
+    )
+
+
 def _require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
@@ -167,6 +188,7 @@ def parse_completion_request(body: Any) -> CompletionRequest:
     stream, include_usage = _read_stream(body)
     output = read_output_options(body)
     sampling = read_sampling(body, "max_tokens", logprobs, COMPLETION_DEFAULT_MAX_TOKENS)
+    sampling, output = _at_least_one_token(sampling, output, "max_tokens")
     if body.get("tools"):
         raise bad_request("`tools` is only supported by /v1/chat/completions", "tools")
     return CompletionRequest(
@@ -202,9 +224,10 @@ def parse_chat_request(body: Any) -> ChatRequest:
     add_generation_prompt = CHAT["add_generation_prompt"].read(body)
     tools = read_tools(body)
     # chat's echo repeats a message's text, never prompt tokens' logprobs
-    sampling = with_prompt_logprobs(
-        read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False)
+    sampling, _ = _at_least_one_token(
+        read_sampling(body, name, logprobs), dataclasses.replace(output, echo=False), name
     )
+    sampling = with_prompt_logprobs(sampling, dataclasses.replace(output, echo=False))
     return ChatRequest(
         model=COMMON["model"].read(body),
         messages=CHAT["messages"].read(body),
@@ -216,6 +239,7 @@ def parse_chat_request(body: Any) -> ChatRequest:
         output=output,
         continue_final_message=read_continue_final_message(body, add_generation_prompt),
         chat_template_kwargs=CHAT["chat_template_kwargs"].read(body),
+        chat_template=CHAT["chat_template"].read(body),
         tools=tools.rendered if tools else None,
         mode=tools.mode if tools else PLAIN_TEXT,
     )

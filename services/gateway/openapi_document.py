@@ -40,7 +40,8 @@ _ERROR = {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
                 "param": {"type": "string", "nullable": True},
-                "code": {"type": "string", "nullable": True},
+                "code": {"type": "integer"},
+                "reason": {"type": "string", "nullable": True},
             },
         }
     },

@@ -68,6 +68,8 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         }
         if request.tools is not None:
             template_kwargs["tools"] = request.tools
+        if request.chat_template is not None:  # the route checked the server trusts it
+            template_kwargs["chat_template"] = request.chat_template
         text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
@@ -98,7 +100,8 @@ def check_lengths(
     prompt_param: str = "prompt",
 ) -> None:
     """A 400 in vLLM's words (clients parse "maximum context length is (\\d+) tokens") when a
-    prompt cannot fit with its max_tokens."""
+    prompt leaves no room, or `max_tokens` alone exceeds the model length. A prompt that fits
+    but leaves fewer than `max_tokens` has its output capped at the model length (vLLM)."""
     for prompt in prompts:
         num_prompt = len(prompt.token_ids)
         if num_prompt >= max_model_len:
@@ -108,7 +111,7 @@ def check_lengths(
                 "room for the completion. Please reduce the length of the messages.",
                 prompt_param,
             )
-        if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
+        if options.max_tokens is not None and options.max_tokens > max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {max_model_len} tokens. However, you "
                 f"requested {num_prompt + options.max_tokens} tokens ({num_prompt} in the "
@@ -146,9 +149,8 @@ def sampling_params(
                 f"`logit_bias` names token {token_id}, outside [0, {info.vocab_size})",
                 "logit_bias",
             )
-    max_tokens = options.max_tokens
-    if max_tokens is None:
-        max_tokens = info.max_model_len - num_prompt_tokens
+    room = info.max_model_len - num_prompt_tokens
+    max_tokens = room if options.max_tokens is None else min(options.max_tokens, room)
     seed = choice_seed(options, choice) if not options.beam_width else None
     return SamplingParams(
         temperature=options.temperature,

@@ -7,24 +7,15 @@ The fields themselves, with their bounds, are listed once in `field_table.py`.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.gateway.errors import bad_request
+from pagedserve.shared.request_bounds import INT32_MAX
+from pagedserve.shared.value_checks import is_finite_number, is_int
 
-INT32_MAX = 2**31 - 1
 _ABSENT = object()  # "use the field's own default"
-
-
-def is_int(value: Any) -> bool:
-    """An integer that is not a boolean (JSON's `true` is not 1 here)."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    return (is_int(value) or isinstance(value, float)) and math.isfinite(value)
 
 
 def kind_of(value: Any) -> str:
@@ -100,7 +91,7 @@ class NumberField(Field):
         value = body.get(self.name)
         if value is None:
             return self.default if default is _ABSENT else default
-        if not is_number(value):
+        if not is_finite_number(value):
             raise bad_request(
                 f"`{self.name}` must be a finite number, got {kind_of(value)}", self.name
             )

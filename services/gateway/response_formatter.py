@@ -4,6 +4,7 @@ token ids, usage in every chunk."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,7 @@ class ResponseFormatter:
             "created": self.created,
             "model": self.model,
             "choices": choices,
+            "system_fingerprint": None,  # as vLLM: the key is there, no fingerprint
         }
 
     def _prompt(self, index: int) -> PromptView:
@@ -97,13 +99,18 @@ class ResponseFormatter:
             "logprobs": None,
             "finish_reason": None,
         }
-        return self._envelope("chat.completion.chunk", [choice])
+        body = self._envelope("chat.completion.chunk", [choice])
+        if self.output.continuous_usage_stats:  # vLLM: usage in every chunk, this one too
+            body["usage"] = Usage(len(self._prompt(index).token_ids), 0, 0).body()
+        return body
 
     def chunk(
         self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor | None = None
     ) -> dict[str, Any] | None:
         """The chunk for one update of a streamed choice; None when there is nothing to send
         yet (the output mode holds text back, or the update brought nothing)."""
+        if self.output.prompt_only:  # the generated token is counted, never shown
+            update = dataclasses.replace(update, text="", logprobs=[], token_ids=[])
         if self.kind == "chat":
             stream = self._streams.get(index) or self._streams.setdefault(index, self.mode.stream())
             piece = stream.feed(update.text, update.finish_reason)
@@ -120,11 +127,13 @@ class ResponseFormatter:
         logprobs = self._logprobs(update.logprobs, index, processor, first)
         if self.kind == "chat":
             choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            choice["stop_reason"] = update.stop_reason
             body = self._envelope("chat.completion.chunk", [choice])
         else:
             text = (self._echo_text(index) if first else "") + update.text
             choice = {"index": index, "text": text, "logprobs": logprobs}
             choice["finish_reason"] = reason
+            choice["stop_reason"] = update.stop_reason
             body = self._envelope("text_completion", [choice])
         self._add_stream_extras(body, choice, index, update, processor, first)
         return body
@@ -153,26 +162,38 @@ class ResponseFormatter:
         body["usage"] = usage.body()
         return body
 
+    @property
+    def _prompt_logprobs_k(self) -> int | None:
+        """How many alternatives the prompt logprobs show: `prompt_logprobs`, or with `echo`
+        and `logprobs` the echoed prompt's (vLLM fills `prompt_logprobs` then too)."""
+        if self.output.prompt_logprobs is not None:
+            return self.output.prompt_logprobs
+        echoed = self.kind == "completion" and self.output.echo and self.want_logprobs
+        return self.logprobs_k if echoed else None
+
     def _prompt_logprobs(self, index: int, processor: ChoiceProcessor) -> list | None:
-        assert self.info is not None and self.output.prompt_logprobs is not None
+        k = self._prompt_logprobs_k
+        if k is None or self.info is None:
+            return None
         prompt_ids = self._prompt(index).token_ids
-        k = self.output.prompt_logprobs
         return vllm_prompt_logprobs(self.info, prompt_ids, processor.prompt_logprobs, k)
 
     def _full_choice(self, index: int, processor: ChoiceProcessor, entries: list) -> dict:
-        text = self._echo_text(index) + processor.text
+        prompt_only = self.output.prompt_only
+        text = self._echo_text(index) + ("" if prompt_only else processor.text)
+        entries = [] if prompt_only else entries
         reason = processor.finish_reason
         if self.kind == "chat":
             message, reason = self.mode.message(text, reason)
             choice: dict[str, Any] = {"index": index, "message": message}
         else:
             choice = {"index": index, "text": text}
-            if self.output.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = self._prompt_logprobs(index, processor)
+            choice["prompt_logprobs"] = self._prompt_logprobs(index, processor)
             if self.output.return_token_ids:
                 choice["prompt_token_ids"] = self._prompt(index).token_ids
         choice["logprobs"] = self._logprobs(entries, index, processor, True)
         choice["finish_reason"] = reason
+        choice["stop_reason"] = processor.stop_reason
         if self.output.return_token_ids:
             choice["token_ids"] = processor.token_ids
         return choice

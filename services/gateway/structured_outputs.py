@@ -169,10 +169,11 @@ def _candidates(body: dict[str, Any], tools: ToolRequest | None) -> list[Structu
     elif (
         tools is not None
         and tools.auto_constraint is not None
-        and not (found or body.get("ignore_eos") or body.get("min_tokens"))
+        and not (found or body.get("ignore_eos"))
     ):
         # tool_choice "auto" constrains the calls the model may write, unless the request
-        # asks for what a constraint cannot honour (then calls are read leniently)
+        # asks for what a constraint cannot honour (then calls are read leniently). With
+        # `min_tokens` the worker keeps EOS back until then, as vLLM does.
         found.append(StructuredRequest(tools.auto_constraint, "tools"))
     return found
 
@@ -200,11 +201,5 @@ def read_structured(
             f"`ignore_eos` cannot be combined with `{structured.param}`: a constrained output "
             "ends with the end-of-sequence token when its format is complete",
             "ignore_eos",
-        )
-    if body.get("min_tokens"):
-        raise bad_request(
-            f"`min_tokens` cannot be combined with `{structured.param}`: the format decides "
-            "where the output ends",
-            "min_tokens",
         )
     return structured

@@ -23,8 +23,6 @@ from pagedserve.services.gateway.field_table import CHAT, COMMON
 # vLLM parameters this server cannot honour: refused (400 naming them) unless sent with the
 # value that means "off", so that nobody believes they took effect.
 REFUSED_UNLESS_OFF: dict[str, tuple[Any, str]] = {
-    "return_tokens_as_token_ids": (False, "logprob tokens are always shown as text"),
-    "spaces_between_special_tokens": (True, "the fast tokenizers decode only this way"),
     "prompt_embeds": (None, "prompts are token ids or text only"),
     "lora_request": (None, "LoRA adapters are not supported"),
     "logits_processors": (None, "custom logits processors are not supported"),
@@ -43,6 +41,10 @@ class OutputOptions:
     add_special_tokens: bool | None = None  # None: the endpoint's default (vLLM's)
     continuous_usage_stats: bool = False
     truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens; -1: the limit
+    # echo with max_tokens 0 (lm-eval's loglikelihood): one token is generated, as vLLM does,
+    # and counted in usage, but only the prompt is shown
+    prompt_only: bool = False
+    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:<id>" (vLLM)
 
 
 def refuse_unsupported_vllm_options(body: dict[str, Any]) -> None:
@@ -55,11 +57,13 @@ def refuse_unsupported_vllm_options(body: dict[str, Any]) -> None:
 _OUTPUT_FIELDS = (
     "echo", "prompt_logprobs", "return_token_ids", "skip_special_tokens",
     "include_stop_str_in_output", "add_special_tokens", "truncate_prompt_tokens",
+    "return_tokens_as_token_ids",
 )  # fmt: skip
 
 
 def read_output_options(body: dict[str, Any]) -> OutputOptions:
     refuse_unsupported_vllm_options(body)
+    COMMON["spaces_between_special_tokens"].read(body)  # its type; both values decode alike
     stream_options = COMMON["stream_options"].read(body)
     return OutputOptions(
         continuous_usage_stats=stream_options["continuous_usage_stats"],

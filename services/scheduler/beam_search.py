@@ -25,7 +25,8 @@ import struct
 from dataclasses import dataclass, field
 
 from pagedserve.services.scheduler.finish_rules import FINISH_LENGTH, FINISH_STOP
-from pagedserve.shared.protocol import MAX_LOGPROBS, SamplingParams
+from pagedserve.shared.protocol import SamplingParams
+from pagedserve.shared.request_bounds import MAX_LOGPROBS
 
 MAX_CANDIDATES = MAX_LOGPROBS  # the most top logprobs a worker reports per sequence
 _FLOAT32 = struct.Struct("f")

@@ -133,8 +133,9 @@ class ResultApplier:
             reason, is_stop_token = check_stop(request, token_id, self.config.max_model_len)
             if not is_stop_token:
                 shown.append(token_id)
-            if reason is not None:
-                logprobs, top_logprobs = _logprobs(request, shown, index, result)
+            if reason is not None:  # the stop token's logprob goes too, as vLLM lists it
+                sampled = [*shown, token_id] if is_stop_token else shown
+                logprobs, top_logprobs = _logprobs(request, sampled, index, result)
                 return self.sets.finish(
                     request,
                     reason,

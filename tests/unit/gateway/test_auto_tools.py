@@ -108,7 +108,8 @@ def test_auto_calls_are_free_text_until_a_call_starts_then_follow_the_schema():
     assert not accepts(compiled, call.replace('"city"', '"town"'))
     # with another format asked for, or a bound a constraint cannot keep: read leniently
     assert chat(tools=[WEATHER], guided_regex="a+").sampling.structured.param == "guided_regex"
-    assert chat(tools=[WEATHER], min_tokens=3).sampling.structured is None
+    assert chat(tools=[WEATHER], ignore_eos=True).sampling.structured is None
+    assert chat(tools=[WEATHER], min_tokens=3).sampling.structured.param == "tools"
 
 
 def test_history_tool_calls_reach_the_template_with_object_arguments():

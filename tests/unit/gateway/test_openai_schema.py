@@ -24,7 +24,8 @@ def refused(parse, param: str, *fragments: str, **fields) -> APIError:
     for fragment in fragments:
         assert fragment in error.message, error.message
     body = error.body()["error"]
-    assert set(body) == {"message", "type", "param", "code"}
+    assert set(body) == {"message", "type", "param", "code", "reason"}
+    assert body["code"] == 400  # vLLM's integer status; `reason` is our finer word
     assert body["type"] == "invalid_request_error"
     return error
 

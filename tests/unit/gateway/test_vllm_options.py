@@ -55,7 +55,7 @@ def test_echo_with_logprobs_asks_the_engine_for_prompt_logprobs():
         ("allowed_token_ids", [], "must not be empty"),
         ("cache_salt", "", "non-empty string"),
         ("length_penalty", 2.0, "only with `use_beam_search`"),
-        ("spaces_between_special_tokens", False, "not supported"),
+        ("spaces_between_special_tokens", "no", "boolean"),
         ("response_format", "json", "must be an object"),
     ],
 )
