@@ -33,7 +33,7 @@ def _type_problem(name: str, kind: str, value: object) -> str | None:
         return f"{name} must be a list of integers, got {value!r}"
     if kind == "tuple[tuple[int, ...], ...]" and not (
         isinstance(value, tuple)
-        and all(isinstance(v, tuple) and all(_is_int(t) for t in v) for v in value)
+        and all(isinstance(v, tuple) and all(is_int(t) for t in v) for v in value)
     ):
         return f"{name} must be a list of lists of integers, got {value!r}"
     return None
