@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 
 GATEWAY_CHECK_INTERVAL_S = 3.0
 REDIS_CONNECT_TIMEOUT_S = 2.0
-REDIS_SOCKET_TIMEOUT_S = 10.0
+REDIS_SOCKET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)

@@ -46,8 +46,8 @@ class SentinelSet:
         binary = redis_server_binary()
         primary = (LOOPBACK, self.ports["primary"])
         argvs = {
-            "primary": redis_argv(binary, LOOPBACK, primary[1], self.dir, None),
-            "replica": redis_argv(binary, LOOPBACK, self.ports["replica"], self.dir, primary),
+            "primary": redis_argv(binary, [LOOPBACK], primary[1], self.dir, None),
+            "replica": redis_argv(binary, [LOOPBACK], self.ports["replica"], self.dir, primary),
             "sentinel": sentinel_argv(
                 binary, LOOPBACK, self.ports["sentinel"], self.dir, primary, quorum=1
             ),
