@@ -8,6 +8,9 @@ from typing import Any
 
 from pagedserve.shared.status import RequestStatus
 
+ENGINE_COLUMNS = ("engine", "host", "alive", "running", "waiting", "kv usage", "free blocks",
+                  "heartbeat")  # fmt: skip
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned columns two spaces apart; `(none)` under the headers when empty."""
@@ -74,19 +77,7 @@ def render_queue(snapshot: dict[str, Any]) -> str:
         ),
         "",
         "ENGINES",
-        format_table(
-            [
-                "engine",
-                "host",
-                "alive",
-                "running",
-                "waiting",
-                "kv usage",
-                "free blocks",
-                "heartbeat",
-            ],
-            [_engine_row(e) for e in snapshot["engines"]],
-        ),
+        format_table(ENGINE_COLUMNS, [_engine_row(e) for e in snapshot["engines"]]),
         "",
         "GATEWAYS",
         format_table(
