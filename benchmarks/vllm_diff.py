@@ -39,27 +39,81 @@ VOLATILE_KEYS = frozenset({"id", "created", "system_fingerprint", "root", "owned
 # keys whose difference README documents as deliberate (see "Where we differ on purpose")
 DOCUMENTED_KEYS = frozenset({"reason"})
 SERVED_NAME = "smollm2"
-CORPUS: list[tuple[str, dict[str, Any]]] = [
-    ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 12,
-                         "temperature": 0}),
-    ("/v1/completions", {"prompt": "1, 2, 3,", "max_tokens": 20, "temperature": 0,
-                         "stop": [" 7"], "logprobs": 2}),
-    ("/v1/completions", {"prompt": "Count: 1, 2,", "max_tokens": 30, "temperature": 0,
-                         "stop": [" 5,"], "min_tokens": 5}),
-    ("/v1/completions", {"prompt": "The cat sat", "max_tokens": 0, "echo": True,
-                         "logprobs": 1, "temperature": 0}),
-    ("/v1/completions", {"prompt": "x", "max_tokens": 0, "temperature": 0}),
-    ("/v1/completions", {"prompt": "x", "n": 2, "temperature": 0, "max_tokens": 4}),
-    ("/v1/completions", {"prompt": "Hello", "max_tokens": 8, "temperature": 0,
-                         "return_tokens_as_token_ids": True, "logprobs": 0}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}],
-                              "max_tokens": 16, "temperature": 0, "logprobs": True}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "max_tokens": 8, "temperature": 0, "tool_choice": "required"}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}],
-                              "max_tokens": 8, "temperature": 0, "chat_template": "{{ 'x' }}"}),
-    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Write in Chinese."}],
-                              "max_tokens": 7, "temperature": 0}),
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                   "required": ["city"]}}}]  # fmt: skip
+WEATHER = [{"role": "user", "content": "What is the weather in Paris and in Rome?"}]
+HI = [{"role": "user", "content": "Hi"}]
+# (what issue 34 item it covers, method, path, body); a body with "stream" is read as SSE
+CORPUS: list[tuple[str, str, str, dict[str, Any] | None]] = [
+    ("greedy", "POST", "/v1/completions", {"prompt": "The capital of France is",
+                                           "max_tokens": 12, "temperature": 0}),
+    ("1 stop_reason string", "POST", "/v1/completions", {
+        "prompt": "1, 2, 3,", "max_tokens": 20, "temperature": 0, "stop": [" 7"],
+        "logprobs": 2}),
+    ("1 stop_reason token id", "POST", "/v1/completions", {
+        "prompt": "1, 2, 3,", "max_tokens": 20, "temperature": 0, "stop_token_ids": [28]}),
+    ("4 min_tokens with stop", "POST", "/v1/completions", {
+        "prompt": "Count: 1, 2,", "max_tokens": 30, "temperature": 0, "stop": [" 5,"],
+        "min_tokens": 5}),
+    ("9 lm-eval echo", "POST", "/v1/completions", {
+        "prompt": "The cat sat", "max_tokens": 0, "echo": True, "logprobs": 1,
+        "temperature": 0}),
+    ("5 max_tokens 0", "POST", "/v1/completions", {
+        "prompt": "x", "max_tokens": 0, "temperature": 0}),
+    ("5 length capping", "POST", "/v1/completions", {
+        "prompt": "word " * 2040, "max_tokens": 100, "temperature": 0}),
+    ("5 max_tokens beyond the model", "POST", "/v1/completions", {
+        "prompt": "x", "max_tokens": 5000, "temperature": 0}),
+    ("7 n>1 at temperature 0", "POST", "/v1/completions", {
+        "prompt": "x", "n": 2, "temperature": 0, "max_tokens": 4}),
+    ("11 return_tokens_as_token_ids", "POST", "/v1/completions", {
+        "prompt": "Hello", "max_tokens": 8, "temperature": 0,
+        "return_tokens_as_token_ids": True, "logprobs": 0}),
+    ("11 allowed_token_ids", "POST", "/v1/completions", {
+        "prompt": "Hello", "max_tokens": 6, "temperature": 0,
+        "allowed_token_ids": [28, 36, 37, 216]}),
+    ("11 bad_words", "POST", "/v1/completions", {
+        "prompt": "The capital of France is", "max_tokens": 12, "temperature": 0,
+        "bad_words": ["Paris"]}),
+    ("3 logprobs with EOS", "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 16,
+        "temperature": 0, "logprobs": True}),
+    ("8 tool_choice required without tools", "POST", "/v1/chat/completions", {
+        "messages": HI, "max_tokens": 8, "temperature": 0, "tool_choice": "required"}),
+    ("8 parallel tool calls, tool_choice required", "POST", "/v1/chat/completions", {
+        "messages": WEATHER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120,
+        "temperature": 0}),
+    ("8 tool calls, parallel_tool_calls false", "POST", "/v1/chat/completions", {
+        "messages": WEATHER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120,
+        "temperature": 0, "parallel_tool_calls": False}),
+    ("8 tool calls, named function", "POST", "/v1/chat/completions", {
+        "messages": WEATHER, "tools": TOOLS, "max_tokens": 60, "temperature": 0,
+        "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
+    ("6 request chat_template", "POST", "/v1/chat/completions", {
+        "messages": HI, "max_tokens": 8, "temperature": 0, "chat_template": "{{ 'x' }}"}),
+    ("2 U+FFFD at the end", "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Write in Chinese."}], "max_tokens": 7,
+        "temperature": 0}),
+    ("2 U+FFFD in logprobs", "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Write in Chinese."}], "max_tokens": 7,
+        "temperature": 0, "logprobs": True}),
+    ("2 U+FFFD in stream chunks", "POST", "/v1/chat/completions", {
+        "messages": [{"role": "user", "content": "Write in Chinese."}], "max_tokens": 9,
+        "temperature": 0, "stream": True}),
+    ("10 continuous_usage_stats first chunk", "POST", "/v1/chat/completions", {
+        "messages": HI, "max_tokens": 6, "temperature": 0, "stream": True,
+        "stream_options": {"include_usage": True, "continuous_usage_stats": True}}),
+    ("stream completions", "POST", "/v1/completions", {
+        "prompt": "1, 2, 3,", "max_tokens": 10, "temperature": 0, "stream": True,
+        "stop": [" 7"]}),
+    ("10 error.code", "POST", "/v1/completions", {"prompt": "x", "temperature": -1}),
+    ("10 error.code, unknown model", "POST", "/v1/completions", {
+        "model": "nope", "prompt": "x"}),
+    ("10 /ping", "GET", "/ping", None),
+    ("10 /v1/models permission", "GET", "/v1/models", None),
+    ("tokenize", "POST", "/tokenize", {"prompt": "Hello, world"}),
 ]  # fmt: skip
 
 
@@ -121,13 +175,49 @@ def diff_answers(index: int, ours: dict[str, Any], theirs: dict[str, Any]) -> li
     ]
 
 
-def ask(base_url: str, path: str, body: dict[str, Any]) -> dict[str, Any]:
-    answer = httpx.post(f"{base_url}{path}", json={"model": SERVED_NAME, **body}, timeout=300)
+def _stream_summary(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """A stream as a client reads it: the text, per-choice finish and stop reasons, the first
+    and last chunks (usage, role), and whether any chunk showed U+FFFD."""
+    texts: dict[int, str] = {}
+    finish: dict[int, Any] = {}
+    fffd = False
+    for event in events:
+        for choice in event.get("choices", []):
+            piece = choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+            fffd = fffd or "\ufffd" in piece
+            texts[choice["index"]] = texts.get(choice["index"], "") + piece
+            if choice.get("finish_reason") is not None:
+                finish[choice["index"]] = [choice["finish_reason"], choice.get("stop_reason")]
+    return {"text": texts, "finish": finish, "fffd_in_a_chunk": fffd, "chunks_with_usage":
+            [i for i, e in enumerate(events) if e.get("usage")][:2],
+            "first_chunk": events[0] if events else None, "last_chunk": events[-1] if events
+            else None}  # fmt: skip
+
+
+def ask(base_url: str, method: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
+    if body is None:
+        answer = httpx.request(method, f"{base_url}{path}", timeout=300)
+    else:
+        answer = httpx.request(method, f"{base_url}{path}", json={"model": SERVED_NAME, **body},
+                               timeout=300)  # fmt: skip
+    if answer.status_code == 200 and body and body.get("stream"):
+        lines = [line[6:] for line in answer.text.splitlines() if line.startswith("data: ")]
+        events = [json.loads(line) for line in lines if line != "[DONE]"]
+        return {"status": 200, "body": _stream_summary(events)}
     try:
         parsed = answer.json()
     except ValueError:
         parsed = answer.text
     return {"status": answer.status_code, "body": parsed}
+
+
+def count_leaves(value: Any) -> int:
+    """How many fields an answer has (the denominator of "identical fields")."""
+    if isinstance(value, dict):
+        return sum(count_leaves(v) for v in value.values()) or 1
+    if isinstance(value, list):
+        return sum(count_leaves(v) for v in value) or 1
+    return 1
 
 
 def free_port() -> int:
@@ -167,47 +257,102 @@ def start_pagedserve(model: str, port: int, log: Path) -> subprocess.Popen:
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
-def run(args: argparse.Namespace) -> list[Difference]:
-    ports = free_port(), free_port()
+def compare_corpus(urls: tuple[str, str]) -> list[dict[str, Any]]:
+    """Each corpus request sent to both servers: its fields compared and its differences."""
+    results = []
+    for index, (label, method, path, body) in enumerate(CORPUS):
+        ours, theirs = ask(urls[0], method, path, body), ask(urls[1], method, path, body)
+        differences = diff_answers(index, ours, theirs)
+        fields = max(count_leaves(_normalized(ours["body"])), len(differences))
+        results.append({"request": index, "label": label, "method": method, "path": path,
+                        "status": [ours["status"], theirs["status"]], "fields": fields,
+                        "differences": [asdict(d) for d in differences]})  # fmt: skip
+    return results
+
+
+def run(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Start what is not already running (`--pagedserve-url`, `--vllm-url`), then compare."""
     logs = Path(args.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    servers = [
-        start_pagedserve(args.model, ports[0], logs / "pagedserve.log"),
-        start_vllm(args.vllm_python, args.model, ports[1], logs / "vllm.log"),
+    servers, urls = [], [args.pagedserve_url, args.vllm_url]
+    starters = [
+        lambda port: start_pagedserve(args.model, port, logs / "pagedserve.log"),
+        lambda port: start_vllm(args.vllm_python, args.model, port, logs / "vllm.log"),
     ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
     try:
-        for url, server in zip(urls, servers, strict=True):
-            wait_ready(url, server, args.startup_timeout)
-        differences = []
-        for index, (path, body) in enumerate(CORPUS):
-            ours, theirs = ask(urls[0], path, body), ask(urls[1], path, body)
-            differences += diff_answers(index, ours, theirs)
-        return differences
+        for i, start in enumerate(starters):
+            if urls[i] is None:
+                port = free_port()
+                urls[i] = f"http://127.0.0.1:{port}"
+                servers.append(start(port))
+                wait_ready(urls[i], servers[-1], args.startup_timeout)
+        return compare_corpus((urls[0], urls[1]))
     finally:
         for server in servers:
             server.terminate()
             server.wait(timeout=60)
 
 
+def totals(results: list[dict[str, Any]]) -> dict[str, int]:
+    differing = [d for r in results for d in r["differences"]]
+    undocumented = [d for d in differing if not d["documented"]]
+    fields = sum(r["fields"] for r in results)
+    return {"requests": len(results), "identical_requests":
+            sum(not r["differences"] for r in results), "fields": fields,
+            "identical_fields": fields - len(differing), "differing_fields": len(differing),
+            "documented": len(differing) - len(undocumented),
+            "undocumented": len(undocumented)}  # fmt: skip
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    t = totals(results)
+    lines = ["# Differential check against vLLM's CPU build (`benchmarks/vllm_diff.py`)", "",
+             f"{t['requests']} requests, {t['identical_requests']} answered identically; "
+             f"{t['fields']} fields compared: {t['identical_fields']} identical, "
+             f"{t['differing_fields']} differing ({t['documented']} documented, "
+             f"{t['undocumented']} not).", "",
+             "| # | case | request | status (ours / vLLM) | fields | differences |",
+             "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in results:
+        found = "; ".join(
+            f"`{d['path']}`: ours {json.dumps(d['ours'])[:60]} / vLLM "
+            f"{json.dumps(d['theirs'])[:60]}{' (documented)' if d['documented'] else ''}"
+            for d in r["differences"]
+        ).replace("|", "\\|")
+        lines.append(
+            f"| {r['request']} | {r['label']} | {r['method']} {r['path']} | "
+            f"{r['status'][0]} / {r['status'][1]} | {r['fields']} | {found or '-'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--vllm-python", required=True, help="the python of vLLM's venv")
-    parser.add_argument("--model", required=True, help="a HF model directory both serve")
+    parser.add_argument("--vllm-python", help="the python of vLLM's venv")
+    parser.add_argument("--model", help="a HF model directory both serve")
+    parser.add_argument("--pagedserve-url", help="a pagedserve already serving the model")
+    parser.add_argument("--vllm-url", help="a vLLM already serving the model")
     parser.add_argument("--startup-timeout", type=float, default=1800.0)
     parser.add_argument("--log-dir", default="vllm_diff_logs")
-    parser.add_argument("--out", help="write the differences here as JSON")
+    parser.add_argument("--out", help="write the results here: OUT.json and OUT.md")
     args = parser.parse_args(argv)
-    differences = run(args)
-    for d in differences:
-        tag = " (documented)" if d.documented else ""
-        print(f"request {d.request} {CORPUS[d.request][0]}: {d.path}: ours {d.ours!r:.120} "
-              f"vs vLLM {d.theirs!r:.120}{tag}")  # fmt: skip
+    if (args.vllm_url is None and args.vllm_python is None) or (
+        None in (args.vllm_url, args.pagedserve_url) and args.model is None
+    ):
+        parser.error("give --vllm-python and --model, or the running servers' URLs")
+    results = run(args)
+    for r in results:
+        for d in r["differences"]:
+            tag = " (documented)" if d["documented"] else ""
+            print(f"request {r['request']} {r['label']}: {d['path']}: ours {d['ours']!r:.120} "
+                  f"vs vLLM {d['theirs']!r:.120}{tag}")  # fmt: skip
     if args.out:
-        Path(args.out).write_text(json.dumps([asdict(d) for d in differences], indent=1))
-    undocumented = [d for d in differences if not d.documented]
-    print(f"{len(differences)} differences, {len(undocumented)} not documented")
-    return 1 if undocumented else 0
+        Path(f"{args.out}.json").write_text(
+            json.dumps({"totals": totals(results), "requests": results}, indent=1)
+        )
+        Path(f"{args.out}.md").write_text(markdown(results))
+    print(json.dumps(totals(results)))
+    return 1 if totals(results)["undocumented"] else 0
 
 
 if __name__ == "__main__":
