@@ -22,15 +22,15 @@ def test_equal_answers_but_ids_times_and_float_noise_have_no_difference():
 
 def test_values_missing_keys_and_lengths_are_reported_where_they_are():
     ours = completion("Paris", -0.1)
-    theirs = completion("Paris.", -0.5, stop_reason=None)
+    theirs = completion("Paris.", -0.5, stop_reason="x", kv_transfer_params=None)
     theirs["body"]["choices"].append(theirs["body"]["choices"][0])
     found = {d.path: (d.ours, d.theirs) for d in diff_answers(3, ours, theirs)}
     assert found == {
         "choices.length": (1, 2),
         "choices[0].text": ("Paris", "Paris."),
         "choices[0].logprobs.token_logprobs[0]": (-0.1, -0.5),
-        "choices[0].stop_reason": ("<absent>", None),
-    }
+        "choices[0].stop_reason": ("<absent>", "x"),
+    }  # a null is no difference from an absent key: the openai client reads both as None
 
 
 def test_a_status_difference_is_one_difference_and_error_words_are_not_compared():
@@ -46,3 +46,19 @@ def test_an_integer_and_a_string_code_differ():
     ours = {"status": 404, "body": {"error": {"code": 404}}}
     theirs = {"status": 404, "body": {"error": {"code": "404"}}}
     assert [d.path for d in diff_answers(0, ours, theirs)] == ["error.code"]
+
+
+def test_documented_differences_are_tagged_and_others_are_not():
+    from benchmarks.vllm_diff import CORPUS
+
+    ping = next(i for i, case in enumerate(CORPUS) if case[2] == "/ping")
+    (only,) = diff_answers(ping, {"status": 200, "body": {"status": "ok"}},
+                           {"status": 200, "body": ""})  # fmt: skip
+    assert only.documented
+    ours = completion("a", 0.0, logprobs={"text_offset": [0, 1]})
+    theirs = completion("a", 0.0, logprobs={"text_offset": [0, 11]})
+    token_ids = next(
+        i for i, c in enumerate(CORPUS) if "return_tokens_as_token_ids" in (c[3] or {})
+    )
+    assert [d.documented for d in diff_answers(token_ids, ours, theirs)] == [True]
+    assert [d.documented for d in diff_answers(0, ours, theirs)] == [False]
