@@ -50,7 +50,15 @@ DOCUMENTED_PATHS = re.compile(
 )
 # with return_tokens_as_token_ids, vLLM's text_offset counts the "token_id:N" strings
 TOKEN_ID_OFFSETS = re.compile(r"logprobs\.text_offset\[\d+\]$")
+# with tool calls: OpenAI's null content beside tool_calls (vLLM: ""), and arguments generated
+# under the function's schema (vLLM 0.32 lets SmolLM2 write `"Paris"` for an object), so
+# another length
+TOOL_CALL_PATHS = re.compile(
+    r"message\.content$|function\.arguments$|usage\.(completion|total)_tokens$"
+)
 SERVED_NAME = "smollm2"
+# both serve tool calls the same way (vLLM needs a parser even for tool_choice "required")
+TOOL_FLAGS = ("--enable-auto-tool-choice", "--tool-call-parser", "hermes")
 TOOLS = [{"type": "function", "function": {
     "name": "get_weather", "description": "The weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
@@ -100,6 +108,11 @@ CORPUS: list[tuple[str, str, str, dict[str, Any] | None]] = [
     ("8 tool calls, parallel_tool_calls false", "POST", "/v1/chat/completions", {
         "messages": WEATHER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120,
         "temperature": 0, "parallel_tool_calls": False}),
+    ("8 tools, tool_choice auto", "POST", "/v1/chat/completions", {
+        "messages": WEATHER, "tools": TOOLS, "max_tokens": 40, "temperature": 0}),
+    ("8 parallel tool calls, stream", "POST", "/v1/chat/completions", {
+        "messages": WEATHER, "tools": TOOLS, "tool_choice": "required", "max_tokens": 120,
+        "temperature": 0, "stream": True}),
     ("8 tool calls, named function", "POST", "/v1/chat/completions", {
         "messages": WEATHER, "tools": TOOLS, "max_tokens": 60, "temperature": 0,
         "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}),
@@ -179,7 +192,8 @@ def diff_answers(index: int, ours: dict[str, Any], theirs: dict[str, Any]) -> li
     """The differences between two answers `{"status", "body"}` to request `index`. Error
     bodies are compared by status and shape only: their messages are each server's words."""
     if ours["status"] != theirs["status"]:
-        return [Difference(index, "status", ours["status"], theirs["status"])]
+        status = ours["status"], theirs["status"]
+        return [Difference(index, "status", *status, is_documented(index, "status"))]
     a, b = _normalized(ours["body"]), _normalized(theirs["body"])
     if ours["status"] >= 400 and isinstance(a, dict) and isinstance(b, dict):
         a = {"error": {k: v for k, v in a.get("error", {}).items() if k != "message"}}
@@ -193,6 +207,10 @@ def is_documented(index: int, path: str) -> bool:
     _, _, route, body = CORPUS[index] if index < len(CORPUS) else ("", "", "", None)
     if body and body.get("return_tokens_as_token_ids") and TOKEN_ID_OFFSETS.search(path):
         return True
+    if body and body.get("tool_choice") not in (None, "auto") and TOOL_CALL_PATHS.search(path):
+        return True
+    if body and body.get("tools") and "tool_choice" not in body and path == "status":
+        return True  # auto needs a template that shows the model its tools; SmolLM2's does not
     if route in ("/health", "/ping") and path == "":
         return True  # our body names the live engines (or why none is); vLLM's is empty
     return DOCUMENTED_PATHS.search(path) is not None
@@ -274,8 +292,7 @@ def start_vllm(python: str, model: str, port: int, log: Path) -> subprocess.Pope
            "VLLM_CPU_OMP_THREADS_BIND": "0"}  # fmt: skip
     command = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", model,
                "--dtype", "float32", "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--max-model-len", "2048", "--enable-auto-tool-choice",
-               "--tool-call-parser", "hermes"]  # fmt: skip
+               "--max-model-len", "2048", *TOOL_FLAGS]  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 
@@ -283,7 +300,7 @@ def start_pagedserve(model: str, port: int, log: Path) -> subprocess.Popen:
     script = str(Path(sys.executable).parent / "pagedserve")  # the console script
     command = [script, "serve", "--model", model,
                "--dtype", "float32", "--port", str(port), "--served-model-name", SERVED_NAME,
-               "--max-model-len", "2048"]  # fmt: skip
+               "--max-model-len", "2048", *TOOL_FLAGS]  # fmt: skip
     return subprocess.Popen(command, stdout=log.open("w"), stderr=subprocess.STDOUT)
 
 

@@ -62,3 +62,17 @@ def test_documented_differences_are_tagged_and_others_are_not():
     )
     assert [d.documented for d in diff_answers(token_ids, ours, theirs)] == [True]
     assert [d.documented for d in diff_answers(0, ours, theirs)] == [False]
+
+
+def test_tool_call_content_and_arguments_are_documented_only_with_a_forced_tool_choice():
+    from benchmarks.vllm_diff import CORPUS
+
+    def reply(content: object, arguments: str) -> dict:
+        call = {"type": "function", "function": {"name": "f", "arguments": arguments}}
+        message = {"role": "assistant", "content": content, "tool_calls": [call]}
+        return {"status": 200, "body": {"choices": [{"index": 0, "message": message}]}}
+
+    forced = next(i for i, c in enumerate(CORPUS) if (c[3] or {}).get("tool_choice") == "required")
+    found = diff_answers(forced, reply(None, '{"city": "Paris"}'), reply("", '"Paris"'))
+    assert len(found) == 2 and all(d.documented for d in found)
+    assert not any(d.documented for d in diff_answers(0, reply(None, "{}"), reply("", "1")))
