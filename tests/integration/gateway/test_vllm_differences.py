@@ -190,6 +190,13 @@ def test_parallel_tool_calls_come_back_as_tool_calls(redis_url):
             cities = [json.loads(c.function.arguments)["city"] for c in choice.message.tool_calls]
             assert cities == ["Paris", "Oslo"] and choice.finish_reason == "tool_calls"
             assert not choice.message.content
+            raw = httpx.post(
+                f"{served.base_url}/v1/chat/completions",
+                json=ask,
+                headers={"Authorization": f"Bearer {API_KEY}"},
+                timeout=60,
+            )
+            assert raw.json()["choices"][0]["message"]["content"] is None  # OpenAI's; vLLM ""
             chunks = list(client.chat.completions.create(**ask, stream=True))
             deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or []]
             assert [d.function.name for d in deltas] == ["get_weather", "get_weather"]
@@ -232,3 +239,25 @@ def test_logprob_tokens_hold_incomplete_characters_back_too(client):
     entries = chat.choices[0].logprobs.content
     assert "".join(e.token for e in entries) == DEFAULT_REPLY
     assert not any("\ufffd" in t.token for e in entries for t in e.top_logprobs)
+
+
+def test_where_we_differ_on_purpose(client, gateway):
+    """README's "Where we differ on purpose", as the differential check found them."""
+    with gateway.client() as c:
+        error = c.post("/v1/completions", json={"prompt": "x", "n": 2, "temperature": 0})
+        assert error.json()["error"]["type"] == "invalid_request_error"  # vLLM: BadRequestError
+        assert error.json()["error"]["param"] == "n"  # vLLM: null
+        usage = c.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).json()["usage"]
+        assert "cached_tokens" in usage["prompt_tokens_details"]  # vLLM: null by default
+    reply = client.completions.create(
+        model=MODEL_NAME, prompt="x", max_tokens=3, logprobs=0,
+        extra_body={"return_tokens_as_token_ids": True},
+    )  # fmt: skip
+    logprobs = reply.choices[0].logprobs  # offsets in the text, not in the "token_id:N" strings
+    pieces = [logprobs.text_offset[i + 1] - logprobs.text_offset[i] for i in range(2)]
+    assert sum(pieces) < len(logprobs.tokens[0]) + len(logprobs.tokens[1])
+    assert logprobs.text_offset[-1] < len(reply.choices[0].text)
+    # tools with "auto" on a template that does not show the model its tools: a 400 (vLLM: text)
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model=MODEL_NAME, messages=ASK, tools=[WEATHER])
+    assert refused.value.body["param"] == "tool_choice"
