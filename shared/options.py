@@ -184,6 +184,8 @@ OPTIONS: dict[str, Option] = {
         Option("--enable-auto-tool-choice", False, switch=True,
                help="let the model call tools by itself (tool_choice 'auto'); needs "
                     "--tool-call-parser and a chat template that renders `tools`"),
+        Option("--trust-request-chat-template", False, switch=True,
+               help="accept a request's own `chat_template` (refused with a 400 otherwise)"),
         Option("--tool-call-parser", None, choices=("hermes",),
                help="how tool calls are read from the output: 'hermes' "
                     "(<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>)"),

@@ -23,6 +23,7 @@ GATEWAY_OPTIONS = (
     "engine_loss_timeout", "max_body_bytes", "header_timeout", "body_timeout",
     "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
     "chat_template", "enable_auto_tool_choice", "tool_call_parser",
+    "trust_request_chat_template",
 )  # fmt: skip
 
 
@@ -60,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             chat_template=args.chat_template,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
     except ValueError as exc:
         parser.error(str(exc))

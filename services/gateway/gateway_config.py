@@ -38,6 +38,7 @@ class GatewayConfig:
     chat_template: str | None = None  # a template file or text; None: the model's
     enable_auto_tool_choice: bool = False  # tool_choice "auto": the model may call tools
     tool_call_parser: str | None = None  # how calls are read from the text: "hermes"
+    trust_request_chat_template: bool = False  # a request's own `chat_template` is honoured
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

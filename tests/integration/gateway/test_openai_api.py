@@ -49,7 +49,8 @@ def test_max_tokens_gives_length(client, info):
     reply = client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     ids = info.tokenizer.encode(DEFAULT_REPLY, add_special_tokens=False)[:3]
-    assert reply.choices[0].text == info.tokenizer.decode(ids)
+    # a cut inside a character holds its bytes back (vLLM): no U+FFFD
+    assert reply.choices[0].text == info.tokenizer.decode(ids).rstrip("\ufffd")
     assert reply.usage.completion_tokens == 3
 
 
