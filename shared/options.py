@@ -142,6 +142,9 @@ OPTIONS: dict[str, Option] = {
         Option("--master-port", 29555, int),
         # where the processes meet
         Option("--redis-url", _LOCAL_REDIS),
+        Option("--redis-sentinel", None,
+               help="HOST:PORT[,HOST:PORT...]/SERVICE: reach the primary of SERVICE through "
+                    "these Redis Sentinels (--redis-url then gives only the db and password)"),
         Option("--namespace", DEFAULT_NAMESPACE, help="prefix of every Redis key"),
         Option("--engine-id", None),
         Option("--gateway-id", "", help="default: random"),

@@ -15,6 +15,7 @@ class GatewayConfig:
     model: str = DEFAULT_MODEL
     served_model_name: str | None = None  # the name clients send; None: `model`
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_sentinel: str | None = None  # "HOST:PORT,.../SERVICE": the primary via sentinels
     namespace: str = DEFAULT_NAMESPACE
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000

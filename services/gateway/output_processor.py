@@ -17,6 +17,10 @@ def _stop_token(delta: TokenDelta) -> list[int]:
     return [] if delta.stop_token_id is None else [delta.stop_token_id]
 
 
+def _has_stop(delta: TokenDelta) -> int:
+    return int(delta.stop_token_id is not None)
+
+
 @dataclass(slots=True)
 class ChoiceUpdate:
     """What one delta added to a choice."""
@@ -50,6 +54,7 @@ class ChoiceProcessor:
     tokens_as_ids: bool = False  # vLLM's return_tokens_as_token_ids: "token_id:<id>"
     token_ids: list[int] = field(default_factory=list)  # generated, the stop token included
     prompt_logprobs: PromptLogprobs | None = None  # from the engine, when asked for
+    _delta_start: int = 0  # index in token_ids of the delta being processed
 
     def __post_init__(self) -> None:
         self.detokenizer = IncrementalDetokenizer(
@@ -108,6 +113,7 @@ class ChoiceProcessor:
     def _detokenize(self, delta: TokenDelta) -> tuple[list[str], list[TokenLogprob]]:
         pieces: list[str] = []
         logprobs: list[TokenLogprob] = []
+        self._delta_start = len(self.token_ids) - len(delta.token_ids) - _has_stop(delta)
         for position, token_id in enumerate(delta.token_ids):
             offset = len(self.detokenizer.emitted_text)
             pieces.append(self.detokenizer.add([token_id]))
@@ -120,12 +126,15 @@ class ChoiceProcessor:
     ) -> TokenLogprob:
         assert delta.logprobs is not None
         tops = delta.top_logprobs[position] if delta.top_logprobs else []
+        context = self.token_ids[: self._delta_start + position]  # the tokens before it
         return TokenLogprob(
-            token=self._token_text(token_id),
+            token=self._token_text(token_id, context),
             logprob=delta.logprobs[position],
-            top=[(self._token_text(t), lp) for t, lp in tops],
+            top=[(self._token_text(t, context), lp) for t, lp in tops],
             text_offset=offset,
         )
 
-    def _token_text(self, token_id: int) -> str:
-        return f"token_id:{token_id}" if self.tokens_as_ids else self.info.token_text(token_id)
+    def _token_text(self, token_id: int, context: list[int]) -> str:
+        if self.tokens_as_ids:
+            return f"token_id:{token_id}"
+        return self.info.token_text_after(token_id, context)

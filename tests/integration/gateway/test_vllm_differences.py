@@ -219,3 +219,16 @@ def test_spaces_between_special_tokens_false(client, gateway):
         extra_body={"skip_special_tokens": False, "spaces_between_special_tokens": False},
     )  # fmt: skip
     assert reply.choices[0].text == "a<|im_end|><|im_end|>b"
+
+
+def test_logprob_tokens_hold_incomplete_characters_back_too(client):
+    reply = client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=50, logprobs=2)
+    tokens = reply.choices[0].logprobs.tokens
+    assert not any("\ufffd" in t for t in tokens)
+    assert "".join(tokens) == reply.choices[0].text == DEFAULT_REPLY  # "" until a char is whole
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, max_tokens=50, logprobs=True, top_logprobs=2
+    )
+    entries = chat.choices[0].logprobs.content
+    assert "".join(e.token for e in entries) == DEFAULT_REPLY
+    assert not any("\ufffd" in t.token for e in entries for t in e.top_logprobs)
