@@ -197,5 +197,8 @@ class LLMEngine:
                     results[delta.request_id].add(delta)
         if self.tokenizer is not None:
             for result in results.values():
-                result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                # an output cut inside a multi-byte character ends in U+FFFD, which the model
+                # never wrote: dropped, as the gateway (and vLLM) hold those bytes back
+                result.text = text.rstrip("\ufffd")
         return list(results.values())
