@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from benchmarks.e2e_flops import model_dims
 from benchmarks.machine_info import machine_info
 from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
-from pagedserve.services.gpu_worker.layers.cpu_prepack import MKL_PACK_ROWS
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import MKL_PACK_ROWS
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from pagedserve.kernels import cpu_rotary
+from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
 
@@ -82,6 +83,25 @@ class RotaryEmbedding(nn.Module):
         return rotate(q, angles), rotate(k, angles)
 
 
+def rope_parameters(config: Any) -> dict[str, Any]:
+    """The config's rope scaling dict with its theta (transformers >= 5 keeps both in
+    `rope_parameters`; older ones split `rope_theta` and `rope_scaling`)."""
+    rope = dict(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    )
+    if "rope_theta" not in rope:
+        rope["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    return rope
+
+
+def rotary_from_config(config: Any, head_dim: int) -> RotaryEmbedding:
+    rope = rope_parameters(config)
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor {partial} is not supported (only 1.0)")
+    return RotaryEmbedding(head_dim, config.max_position_embeddings, rope["rope_theta"], rope)
+
+
 RopeAngles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D/2]
 
 
@@ -95,11 +115,16 @@ def rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def rotate_in_place(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-    """`rotate` for a tensor nobody else reads (a layer's fresh q/k projection), which it may
-    write over: on the CPU one C call (`kernels/cpu_rotary.c`, the same arithmetic) in place
-    of ten small torch ops; elsewhere `rotate`."""
-    cos, sin = angles
-    if cpu_rotary.supports(x, cos, sin):
-        return cpu_rotary.rotate_in_place(x, cos, sin)
-    return rotate(x, angles)
+class ApplyRotary(CustomOp):
+    """Rotates x [T, H, D] by its tokens' angles and may write over x, so it is called on a
+    tensor nobody else reads (a layer's fresh q/k projection). The CPU form is one C call
+    (`kernels/cpu_rotary.c`, the same arithmetic) in place of ten small torch ops."""
+
+    def forward_native(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        return rotate(x, angles)
+
+    def forward_cpu(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        cos, sin = angles
+        if cpu_rotary.supports(x, cos, sin):
+            return cpu_rotary.rotate_in_place(x, cos, sin)
+        return rotate(x, angles)

@@ -130,3 +130,30 @@ def test_rope_scaled_model_matches_hf(tmp_path: Path):
     prompt = list(range(5, 105))
     result = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert_matches_hf(result[0].token_ids, hf_greedy(load_hf(model_dir), prompt, 8))
+
+
+def rewrite_config(model_dir: Path, **fields: object) -> Path:
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(fields)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
+    ],
+)
+def test_unsupported_config_features_are_named(tmp_path: Path, fields, named):
+    model_dir = rewrite_config(build_tiny_model(tmp_path / "m", "llama"), **fields)
+    with pytest.raises(ValueError, match=named):
+        load(model_dir)
+
+
+def test_llama_biases_load_into_the_model(tmp_path: Path):
+    model = load(build_tiny_model(tmp_path / "m", "llama_biases"))
+    layer = model.layers[0]
+    assert layer.self_attn.qkv_proj.bias is not None and layer.self_attn.o_proj.bias is not None
+    assert layer.mlp.gate_up_proj.bias is not None and layer.mlp.down_proj.bias is not None

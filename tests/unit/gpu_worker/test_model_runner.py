@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedserve.services.gpu_worker.model_runner import ModelRunner, resolve_dtype
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.platforms import resolve_dtype
 from pagedserve.shared.config import CacheConfig
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
