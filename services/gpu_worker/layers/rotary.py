@@ -1,12 +1,11 @@
-"""Rotary position embedding with the config's theta and rope_scaling ("linear", "llama3").
+"""Rotary position embedding with the config's theta and rope scaling (`rope_scaling.py`).
 
-Inverse frequencies follow the Hugging Face definitions so outputs match token for token; the
-cos/sin table is precomputed for max_position_embeddings and indexed by position.
+The cos/sin table is precomputed for every position the model serves and indexed by position;
+the rotation itself is an op with a CPU form (`ApplyRotary`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -14,45 +13,7 @@ from torch import nn
 
 from pagedserve.kernels import cpu_rotary
 from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    factor = scaling["factor"]
-    low_freq_factor = scaling.get("low_freq_factor", 1.0)
-    high_freq_factor = scaling.get("high_freq_factor", 4.0)
-    old_context = scaling.get("original_max_position_embeddings", 8192)
-    low_freq_wavelen = old_context / low_freq_factor
-    high_freq_wavelen = old_context / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """The inverse frequencies for a config's rope_theta and rope_scaling."""
-    inv_freq = _inv_freq(head_dim, theta)
-    if not scaling:
-        return inv_freq
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling type {rope_type!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)})"
-        )
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    return inv_freq
+from pagedserve.services.gpu_worker.layers.rope_scaling import rope_angles
 
 
 class RotaryEmbedding(nn.Module):
@@ -65,11 +26,9 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = rope_angles(head_dim, max_position, theta, scaling)  # [P, D/2] each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def angles(self, positions: torch.Tensor) -> RopeAngles:
         """cos and sin at `positions`, [T, 1, D/2] each: the same for every layer, so a model

@@ -52,3 +52,14 @@ def check_architecture(tmp_path: Path, arch: str, **overrides: object) -> None:
     assert all(r.num_cached_tokens >= 40 for r in results), [r.num_cached_tokens for r in results]
     for prompt, result in zip(warm, results, strict=True):
         assert_matches_hf(result.token_ids, hf_greedy(hf, prompt, MAX_TOKENS), f"{arch} warm")
+
+
+def check_generation_past(tmp_path: Path, arch: str, length: int, **overrides: object) -> None:
+    """Prompts shorter than `length` whose greedy continuations run 60 tokens past it."""
+    model_dir = build_tiny_model(tmp_path / arch, arch, **overrides)
+    hf, engine = load_hf(model_dir), make_engine(model_dir)
+    prompts = random_prompts((5, length // 2, length - 1), seed=3)
+    greedy = SamplingParams(temperature=0.0, max_tokens=length + 60, ignore_eos=True)
+    for prompt, result in zip(prompts, engine.generate(prompts, greedy), strict=True):
+        ref = hf_greedy(hf, prompt, length + 60)
+        assert_matches_hf(result.token_ids, ref, f"{arch}, {len(prompt)}-token prompt")

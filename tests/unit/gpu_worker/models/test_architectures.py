@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from tests.unit.gpu_worker.models.arch_check import check_architecture
+from tests.unit.gpu_worker.models.arch_check import check_architecture, check_generation_past
 
 
 def test_llama_with_attention_and_mlp_biases(tmp_path):
@@ -23,3 +23,15 @@ def test_olmo2(tmp_path):
 
 def test_granite(tmp_path):
     check_architecture(tmp_path, "granite")
+
+
+def test_llama_with_yarn_rope(tmp_path):
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}
+    check_architecture(tmp_path, "llama", rope_scaling=yarn)
+
+
+def test_llama_with_dynamic_ntk_rope_past_its_original_length(tmp_path):
+    """Prompts within the original 64 positions, generation well past them (where Hugging
+    Face recomputes the frequencies at every step; see `rope_scaling.py`)."""
+    dynamic = {"rope_type": "dynamic", "factor": 4.0}
+    check_generation_past(tmp_path, "llama", 64, rope_scaling=dynamic, max_position_embeddings=64)
