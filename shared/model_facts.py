@@ -58,7 +58,9 @@ def length_limit(config: Mapping[str, Any]) -> int | None:
     if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
         limit = int(limit * rope.get("factor", 1.0))  # NTK scaling stretches the positions
     window = config.get("sliding_window")
-    uses_window = config.get("use_sliding_window", config.get("model_type") == "mistral")
+    # Mistral and Phi-3 state no `use_sliding_window`: a window they state is used
+    implied = config.get("model_type") in ("mistral", "phi3")
+    uses_window = config.get("use_sliding_window", implied)
     if _is_int(window) and window > 0 and uses_window:
         return min(limit, window)
     return limit

@@ -50,6 +50,9 @@ def rope_parameters(config: Any) -> dict[str, Any]:
     )
     if "rope_theta" not in rope:
         rope["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    original = getattr(config, "original_max_position_embeddings", None)
+    if original is not None:  # Phi-3 keeps it beside the rope parameters
+        rope.setdefault("original_max_position_embeddings", original)
     return rope
 
 

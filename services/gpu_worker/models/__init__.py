@@ -7,6 +7,7 @@ from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM
+from pagedserve.services.gpu_worker.models.phi3 import Phi3ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
@@ -17,6 +18,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
 }
 
 
@@ -29,6 +31,7 @@ _MODEL_TYPES = {
     "gemma": "GemmaForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
 }
 
 

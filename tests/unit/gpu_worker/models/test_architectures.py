@@ -35,3 +35,20 @@ def test_llama_with_dynamic_ntk_rope_past_its_original_length(tmp_path):
     Face recomputes the frequencies at every step; see `rope_scaling.py`)."""
     dynamic = {"rope_type": "dynamic", "factor": 4.0}
     check_generation_past(tmp_path, "llama", 64, rope_scaling=dynamic, max_position_embeddings=64)
+
+
+def test_phi3(tmp_path):
+    check_architecture(tmp_path, "phi3")
+
+
+def test_phi3_with_longrope_within_its_original_length(tmp_path):
+    """The short factors and longrope's attention factor (Hugging Face recomputes a sequence
+    that outgrows the original length with the long factors; we switch per position)."""
+    longrope = {
+        "rope_type": "longrope",
+        "short_factor": [1.0 + 0.2 * i for i in range(8)],
+        "long_factor": [2.0 + 0.5 * i for i in range(8)],
+    }
+    check_architecture(
+        tmp_path, "phi3", rope_scaling=longrope, original_max_position_embeddings=256
+    )
