@@ -18,6 +18,14 @@ WORK_ITEMS_KEY = "triton_prefill_work_items"
 class TritonAttentionBackend(BaseAttentionBackend):
     name = "triton"
 
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        if self.sliding_window is not None or self.logit_softcap is not None:
+            raise ValueError(
+                "the triton attention backend has no sliding window or logit soft-capping "
+                "yet: use attention_backend='torch'"
+            )
+
     def forward(
         self,
         query: torch.Tensor,  # [T, Hq, D]

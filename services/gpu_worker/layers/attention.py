@@ -30,6 +30,8 @@ class Attention(nn.Module):
         scale: float | None = None,  # default head_dim ** -0.5
         head_norm: HeadNorm | None = None,
         qk_norm_width: str = "head",
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
     ) -> None:
         """`head_norm(width)` builds the query and key norms: over each head
         (`qk_norm_width="head"`: Qwen3, Gemma 3) or over the whole projection of this rank
@@ -52,7 +54,9 @@ class Attention(nn.Module):
         self.k_norm = head_norm(k_width) if head_norm else None
         self.rotate = ApplyRotary()
         scale = head_dim**-0.5 if scale is None else scale
-        self.attn = backend_cls(self.num_heads, self.num_kv_heads, head_dim, scale)
+        self.attn = backend_cls(
+            self.num_heads, self.num_kv_heads, head_dim, scale, sliding_window, logit_softcap
+        )
 
     def forward(
         self,

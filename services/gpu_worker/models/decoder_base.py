@@ -13,7 +13,7 @@ from torch import nn
 from pagedserve.services.gpu_worker.attention.base import AttentionMetadata
 from pagedserve.services.gpu_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
-from pagedserve.shared.kv_cache_spec import FULL_ATTENTION, KVCacheSpec
+from pagedserve.shared.kv_cache_spec import KVCacheSpec
 
 # Checkpoint names that load into one merged parameter: (ours, theirs, shard id).
 STACKED_PARAMS = (
@@ -40,6 +40,23 @@ def attention_geometry(config: Any) -> tuple[int, int, int]:
     return num_heads, num_kv_heads, head_dim
 
 
+def layer_windows(config: Any) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), as Hugging Face reads the config:
+    `layer_types` where it has them, else `use_sliding_window` (Mistral and Phi-3 state no
+    such flag: a window they state is used)."""
+    num_layers = config.num_hidden_layers
+    window = getattr(config, "sliding_window", None)
+    layer_types = getattr(config, "layer_types", None)
+    if layer_types is not None:
+        unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+        if unknown:
+            refuse(config, f"layer type(s) {unknown}", "full_attention, sliding_attention")
+        return [window if kind == "sliding_attention" else None for kind in layer_types]
+    implied = config.model_type in ("mistral", "phi3")
+    uses_window = config_value(config, "use_sliding_window", implied)
+    return [window if window and uses_window else None] * num_layers
+
+
 def refuse(config: Any, feature: str, supported: str) -> None:
     """An error naming a config feature this implementation does not have."""
     arch = (getattr(config, "architectures", None) or [config.model_type])[0]
@@ -60,6 +77,7 @@ class DecoderLM(BaseCausalLM):
     def __init__(self, config: Any, backend_cls: Any) -> None:
         nn.Module.__init__(self)
         self.config = config
+        self.windows = layer_windows(config)  # per layer; None: full attention
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size)
         self.tie_word_embeddings = bool(config_value(config, "tie_word_embeddings", False))
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size)
@@ -75,7 +93,7 @@ class DecoderLM(BaseCausalLM):
         return self.layers[0].self_attn.head_dim
 
     def kv_cache_specs(self) -> list[KVCacheSpec]:
-        return [FULL_ATTENTION] * len(self.layers)
+        return [KVCacheSpec(window) for window in self.windows]
 
     def forward(
         self,

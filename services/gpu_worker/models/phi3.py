@@ -25,8 +25,8 @@ class Phi3ForCausalLM(DecoderLM):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__(config, backend_cls)
         self.layers = nn.ModuleList(
-            llama_layer(config, llama_attention(config, backend_cls))
-            for _ in range(config.num_hidden_layers)
+            llama_layer(config, llama_attention(config, backend_cls, sliding_window=window))
+            for window in self.windows
         )
         self.norm = RMSNorm(config.hidden_size, config_value(config, "rms_norm_eps", 1e-6))
         self.rotary = rotary_from_config(config, self.head_dim)

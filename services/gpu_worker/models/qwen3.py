@@ -21,8 +21,11 @@ class Qwen3ForCausalLM(DecoderLM):
         eps = config_value(config, "rms_norm_eps", 1e-6)
         head_norm = partial(RMSNorm, eps=eps)
         self.layers = nn.ModuleList(
-            llama_layer(config, llama_attention(config, backend_cls, head_norm=head_norm))
-            for _ in range(config.num_hidden_layers)
+            llama_layer(
+                config,
+                llama_attention(config, backend_cls, head_norm=head_norm, sliding_window=window),
+            )
+            for window in self.windows
         )
         self.norm = RMSNorm(config.hidden_size, eps)
         self.rotary = rotary_from_config(config, self.head_dim)

@@ -142,6 +142,8 @@ class CpuFusedForward:
         """The fused forward of `model`, or None where it does not apply."""
         if type(model) is not LlamaForCausalLM:  # a subclass may change any step
             return None
+        if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
+            return None  # the C attention kernel has no window
         embed = model.embed_tokens.weight
         first = model.layers[0].self_attn
         if (

@@ -52,3 +52,15 @@ def test_phi3_with_longrope_within_its_original_length(tmp_path):
     check_architecture(
         tmp_path, "phi3", rope_scaling=longrope, original_max_position_embeddings=256
     )
+
+
+def test_mistral_with_a_window_shorter_than_the_prompts(tmp_path):
+    check_architecture(tmp_path, "mistral", sliding_window=24)
+
+
+def test_qwen2_with_windows_on_its_upper_layers(tmp_path):
+    """`max_window_layers` 1: layer 0 attends to everything, layers 1-2 within 24 tokens."""
+    check_architecture(
+        tmp_path, "qwen2", use_sliding_window=True, sliding_window=24, max_window_layers=1,
+        num_hidden_layers=3,
+    )  # fmt: skip
