@@ -21,3 +21,11 @@ class KVCacheSpec:
 
 
 FULL_ATTENTION = KVCacheSpec()
+
+
+def reclaimable_window(windows: list[int | None]) -> int | None:
+    """The window past which a shared block table's blocks are read by no layer: the widest,
+    when every layer has one; None when any layer attends to everything (or none are known)."""
+    if not windows or any(w is None for w in windows):
+        return None
+    return max(w for w in windows if w is not None)

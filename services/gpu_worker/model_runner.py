@@ -100,6 +100,8 @@ class ModelRunner:
         self.argmax = Argmax(self.platform.op_form)
         config = self.model.config
         self.vocab_size = config.vocab_size
+        # each layer's window, as the scheduler learns it from the hello
+        self.sliding_windows = [spec.sliding_window for spec in self.model.kv_cache_specs()]
         self.max_model_len = min(max_model_len or model_len_limit(config), model_len_limit(config))
         self.block_size = cache_config.block_size or self.platform.default_block_size()
         # the step size the CUDA memory profile is run at; the scheduler adopts it when it

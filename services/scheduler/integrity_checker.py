@@ -25,15 +25,16 @@ def check_integrity(scheduler: Scheduler) -> None:
 
 
 def check_kv_integrity(
-    kv: KVCacheManager, tables: dict[str, list[KVBlock]], running: list[Request]
+    kv: KVCacheManager, tables: dict[str, list[KVBlock | None]], running: list[Request]
 ) -> None:
     """Raise AssertionError naming what is wrong with the block tables or the pool."""
     stray = set(tables) - {r.request_id for r in running}
     assert not stray, f"block tables of requests not running: {sorted(stray)}"
-    _check_refcounts(kv.pool, tables)
+    held = {rid: [b for b in table if b is not None] for rid, table in tables.items()}
+    _check_refcounts(kv.pool, held)
     _check_free_queue(kv.pool)
     _check_cache_map(kv.pool)
-    _check_tables(kv.block_size, tables, running)
+    _check_tables(kv.block_size, tables, held, running)
 
 
 def _check_requests(scheduler: Scheduler) -> None:
@@ -109,11 +110,14 @@ def _short_hex(digest: bytes | None) -> str:
 
 
 def _check_tables(
-    block_size: int, tables: dict[str, list[KVBlock]], running: list[Request]
+    block_size: int,
+    tables: dict[str, list[KVBlock | None]],
+    held: dict[str, list[KVBlock]],
+    running: list[Request],
 ) -> None:
     for r in running:
-        table = tables.get(r.request_id, [])
-        ids = [b.block_id for b in table]
+        table = tables.get(r.request_id, [])  # with the places of blocks given back
+        ids = [b.block_id for b in held.get(r.request_id, [])]
         assert len(set(ids)) == len(ids), f"{r.request_id}'s table repeats blocks: {ids}"
         assert len(table) * block_size >= r.num_computed_tokens, (
             f"{r.request_id}'s table of {len(table)} blocks cannot hold its "

@@ -3,7 +3,14 @@ allocation, caching full blocks as they fill, and freeing.
 
 The scheduler talks to it in verbs and block ids only (`get_computed_blocks`,
 `allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`): the tables
-and the pool stay inside, and `check_integrity` checks them here, where they live."""
+and the pool stay inside, and `check_integrity` checks them here, where they live.
+
+Sliding windows (vLLM v1's `SlidingWindowManager`, for one block table shared by every layer):
+when every layer of the model attends within a window, the largest of them is
+`sliding_window`, and a block whose tokens all lie before the window of the request's next
+token is read by no layer again. `allocate_slots` gives such blocks back to the pool first
+(a cached one stays findable by its hash until it is evicted); the table keeps their places
+(None), which the workers are told as `SKIPPED_BLOCK_ID` and never read."""
 
 from __future__ import annotations
 
@@ -14,13 +21,23 @@ from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
 from pagedserve.services.scheduler.integrity_checker import check_kv_integrity
 from pagedserve.services.scheduler.request import Request
 
+SKIPPED_BLOCK_ID = 0  # what a worker is told for a table entry given back (it never reads it)
+
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window  # the largest window, when every layer has one
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
-        self._tables: dict[str, list[KVBlock]] = {}  # request id -> its block table
+        # request id -> its block table; None: a block given back (slid out of every window)
+        self._tables: dict[str, list[KVBlock | None]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
 
     @property
@@ -32,7 +49,8 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str, start: int = 0) -> list[int]:
         """The request's block table (from entry `start` on) as block ids."""
-        return [b.block_id for b in self._tables.get(request_id, ())[start:]]
+        table = self._tables.get(request_id, ())[start:]
+        return [SKIPPED_BLOCK_ID if b is None else b.block_id for b in table]
 
     def num_blocks_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
@@ -69,7 +87,9 @@ class KVCacheManager:
     ) -> list[KVBlock] | None:
         """Extend the request's table to hold `num_computed_tokens` + the hit blocks +
         `num_new_tokens`. Returns the blocks appended (hits first), or None, having changed
-        nothing, when not every needed block is free."""
+        nothing, when not every needed block is free. Blocks that slid out of every window
+        are given back first."""
+        self._free_skipped_blocks(request)
         if not new_computed_blocks:  # fast path: a decode token that fits in the last block
             table = self._tables.get(request.request_id)
             if table and request.num_computed_tokens + num_new_tokens <= len(table) * (
@@ -104,7 +124,9 @@ class KVCacheManager:
         num_full = min(num_full, len(table))
         self._extend_hashes(request, num_full)
         for i in range(num_cached, num_full):
-            self.pool.cache_full_block(table[i], request.block_hashes[i])
+            block = table[i]
+            if block is not None:  # given back blocks were cached before they slid out
+                self.pool.cache_full_block(block, request.block_hashes[i])
         self._num_cached_blocks[rid] = num_full
 
     def free(self, request: Request) -> None:
@@ -113,7 +135,21 @@ class KVCacheManager:
         table = self._tables.pop(request.request_id, None)
         self._num_cached_blocks.pop(request.request_id, None)
         if table:
-            self.pool.free_blocks(reversed(table))
+            self.pool.free_blocks(b for b in reversed(table) if b is not None)
+
+    def _free_skipped_blocks(self, request: Request) -> None:
+        """Give back the blocks wholly before the window of the request's next token (at
+        position `num_computed_tokens`, which sees keys from `num_computed_tokens - window +
+        1` on)."""
+        table = self._tables.get(request.request_id)
+        if self.sliding_window is None or not table:
+            return
+        first_needed = request.num_computed_tokens - self.sliding_window + 1
+        num_skipped = min(max(0, first_needed) // self.block_size, len(table))
+        skipped = [b for b in table[:num_skipped] if b is not None]
+        if skipped:
+            table[:num_skipped] = [None] * num_skipped
+            self.pool.free_blocks(reversed(skipped))
 
     def _num_blocks_to_take(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock]

@@ -70,7 +70,10 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks
         self.kv = KVCacheManager(
-            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            cache_config.num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            cache_config.sliding_window,
         )
         self.waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
         self.running: list[Request] = []  # in admission order: the newest is last
