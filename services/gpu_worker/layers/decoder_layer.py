@@ -49,3 +49,36 @@ class PreNormDecoderLayer(nn.Module):
         if self.residual_multiplier is None:
             return branch
         return branch * self.residual_multiplier
+
+
+class SandwichDecoderLayer(nn.Module):
+    """Gemma 2 and 3: each branch normed before and after,
+
+    h = x + norm2(attn(norm1(x)));   out = h + norm4(mlp(norm3(h)))
+    """
+
+    def __init__(self, self_attn: Attention, mlp: nn.Module, norm: type[nn.Module], size: int,
+                 eps: float) -> None:  # fmt: skip
+        super().__init__()
+        self.self_attn = self_attn
+        self.mlp = mlp
+        self.input_layernorm = norm(size, eps)
+        self.post_attention_layernorm = norm(size, eps)
+        self.pre_feedforward_layernorm = norm(size, eps)
+        self.post_feedforward_layernorm = norm(size, eps)
+
+    def forward(
+        self,
+        angles: RopeAngles,
+        hidden: torch.Tensor,  # [T, H] the previous layer's branch output (or the embeddings)
+        residual: torch.Tensor | None,  # [T, H]; None in the first layer
+        kv_cache: tuple[torch.Tensor, torch.Tensor],
+        metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        normed, residual = self.input_layernorm(hidden, residual)
+        attended, _ = self.post_attention_layernorm(
+            self.self_attn(angles, normed, kv_cache, metadata)
+        )
+        normed, residual = self.pre_feedforward_layernorm(attended, residual)
+        out, _ = self.post_feedforward_layernorm(self.mlp(normed))
+        return out, residual

@@ -57,7 +57,12 @@ def rope_parameters(config: Any) -> dict[str, Any]:
 
 
 def rotary_from_config(config: Any, head_dim: int) -> RotaryEmbedding:
-    rope = rope_parameters(config)
+    return rotary_from_params(config, head_dim, rope_parameters(config))
+
+
+def rotary_from_params(config: Any, head_dim: int, rope: dict[str, Any]) -> RotaryEmbedding:
+    """The rotary embedding of one set of rope parameters (a model may have one per layer
+    type)."""
     partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if partial not in (None, 1, 1.0):
         raise ValueError(f"partial_rotary_factor {partial} is not supported (only 1.0)")

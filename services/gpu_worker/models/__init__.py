@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
+from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
+from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
 from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
@@ -19,6 +21,8 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 
@@ -32,6 +36,8 @@ _MODEL_TYPES = {
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 

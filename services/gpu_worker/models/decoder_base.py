@@ -12,6 +12,7 @@ from torch import nn
 
 from pagedserve.services.gpu_worker.attention.base import AttentionMetadata
 from pagedserve.services.gpu_worker.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from pagedserve.services.gpu_worker.layers.rotary import RopeAngles
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.shared.kv_cache_spec import KVCacheSpec
 
@@ -104,11 +105,16 @@ class DecoderLM(BaseCausalLM):
     ) -> torch.Tensor:  # [T, H] final hidden states
         hidden = self.embed(token_ids)
         residual = None
-        angles = self.rotary.angles(positions)  # the same in every layer
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+        for layer, angles, kv_cache in zip(
+            self.layers, self.layer_angles(positions), kv_caches, strict=True
+        ):
             hidden, residual = layer(angles, hidden, residual, kv_cache, metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
+        """Each layer's rotary angles at `positions`: one set for all (Gemma 3 has two)."""
+        return [self.rotary.angles(positions)] * len(self.layers)
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         hidden = self.embed_tokens(token_ids)

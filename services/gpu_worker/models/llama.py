@@ -39,7 +39,8 @@ def llama_mlp(config: Any) -> GatedMLP:
     return GatedMLP(
         config.hidden_size,
         config.intermediate_size,
-        config_value(config, "hidden_act", "silu"),
+        # Gemma 2 and 3 name it hidden_activation
+        config_value(config, "hidden_activation", config_value(config, "hidden_act", "silu")),
         bias=bool(config_value(config, "mlp_bias", False)),
     )
 

@@ -64,3 +64,11 @@ def test_qwen2_with_windows_on_its_upper_layers(tmp_path):
         tmp_path, "qwen2", use_sliding_window=True, sliding_window=24, max_window_layers=1,
         num_hidden_layers=3,
     )  # fmt: skip
+
+
+def test_gemma2_with_soft_capping_and_alternating_window_layers(tmp_path):
+    check_architecture(tmp_path, "gemma2")
+
+
+def test_gemma3_text_with_local_and_global_rope(tmp_path):
+    check_architecture(tmp_path, "gemma3_text")

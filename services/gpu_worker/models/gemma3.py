@@ -1,0 +1,54 @@
+"""Gemma 3 (text): Gemma 2's layer without soft-capping, with a (1 + w) RMSNorm over each
+query and key head, and two rotary embeddings: the local one (its own theta) in the sliding
+window layers, the global one in the full-attention layers (`rope_parameters` by layer type).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+from torch import nn
+
+from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
+from pagedserve.services.gpu_worker.layers.decoder_layer import SandwichDecoderLayer
+from pagedserve.services.gpu_worker.layers.norm import GemmaRMSNorm
+from pagedserve.services.gpu_worker.layers.rotary import (
+    RopeAngles,
+    RotaryEmbedding,
+    rotary_from_params,
+)
+from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
+from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_mlp
+
+
+class Gemma3ForCausalLM(DecoderLM):
+    def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
+        super().__init__(config, backend_cls)
+        eps = config_value(config, "rms_norm_eps", 1e-6)
+        scale = config.query_pre_attn_scalar**-0.5
+        head_norm = partial(GemmaRMSNorm, eps=eps)
+        self.layers = nn.ModuleList(
+            SandwichDecoderLayer(
+                llama_attention(
+                    config, backend_cls, scale=scale, head_norm=head_norm, sliding_window=window
+                ),
+                llama_mlp(config),
+                GemmaRMSNorm,
+                config.hidden_size,
+                eps,
+            )
+            for window in self.windows
+        )
+        self.norm = GemmaRMSNorm(config.hidden_size, eps)
+        params = config.rope_parameters
+        self.rotary = rotary_from_params(config, self.head_dim, params["full_attention"])
+        self.local_rotary: RotaryEmbedding = rotary_from_params(
+            config, self.head_dim, params["sliding_attention"]
+        )
+        self.embed_scale = config.hidden_size**0.5
+
+    def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
+        full, local = self.rotary.angles(positions), self.local_rotary.angles(positions)
+        return [full if window is None else local for window in self.windows]
