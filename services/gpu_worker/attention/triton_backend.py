@@ -18,14 +18,6 @@ WORK_ITEMS_KEY = "triton_prefill_work_items"
 class TritonAttentionBackend(BaseAttentionBackend):
     name = "triton"
 
-    def __init__(self, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        if self.sliding_window is not None or self.logit_softcap is not None:
-            raise ValueError(
-                "the triton attention backend has no sliding window or logit soft-capping "
-                "yet: use attention_backend='torch'"
-            )
-
     def forward(
         self,
         query: torch.Tensor,  # [T, Hq, D]
@@ -47,6 +39,8 @@ class TritonAttentionBackend(BaseAttentionBackend):
                 metadata.seq_lens,
                 self.scale,
                 max_seq_len=metadata.max_seq_len,
+                sliding_window=self.sliding_window,
+                softcap=self.logit_softcap,
             )
         return paged_prefill_attention(
             query,
@@ -58,6 +52,8 @@ class TritonAttentionBackend(BaseAttentionBackend):
             self.scale,
             max_query_len=metadata.max_query_len,
             work_items=self.prefill_work_items(metadata, query.dtype),
+            sliding_window=self.sliding_window,
+            softcap=self.logit_softcap,
         )
 
     def prefill_work_items(self, metadata: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:
