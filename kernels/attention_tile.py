@@ -143,9 +143,10 @@ def attend_kv_range(
             visible = valid[None, :] & (positions[None, :] <= q_pos[:, None])
         else:
             visible = valid[None, :]
-        if WINDOWED:
-            visible = visible & (positions[None, :] > q_pos[:, None] - window)
         scores = tl.where(visible, scores, float("-inf"))
+        if WINDOWED:  # a separate mask: `visible` is [1, TILE_N] without CAUSAL
+            in_window = positions[None, :] > q_pos[:, None] - window
+            scores = tl.where(in_window, scores, float("-inf"))
         # Decode: every tile holds >= 1 valid position. Prefill: position 0 is in the first
         # tile and visible to every row. Either way m_new is finite from the first tile on,
         # and a row fully masked in a later tile just adds zeros. A window breaks both: a row

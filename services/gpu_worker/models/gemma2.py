@@ -18,25 +18,36 @@ from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config
 from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_mlp
 
 
+def sandwich_layers(
+    config: Any,
+    backend_cls: type[BaseAttentionBackend],
+    windows: list[int | None],
+    **attention_kwargs: Any,
+) -> nn.ModuleList:
+    """Gemma 2 and 3's layers: (1 + w) sandwich norms, attention scaled by
+    `query_pre_attn_scalar`, each layer's window."""
+    eps = config_value(config, "rms_norm_eps", 1e-6)
+    scale = config.query_pre_attn_scalar**-0.5
+    return nn.ModuleList(
+        SandwichDecoderLayer(
+            llama_attention(
+                config, backend_cls, scale=scale, sliding_window=window, **attention_kwargs
+            ),
+            llama_mlp(config),
+            GemmaRMSNorm,
+            config.hidden_size,
+            eps,
+        )
+        for window in windows
+    )
+
+
 class Gemma2ForCausalLM(DecoderLM):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__(config, backend_cls)
-        eps = config_value(config, "rms_norm_eps", 1e-6)
-        scale = config.query_pre_attn_scalar**-0.5
         softcap = config_value(config, "attn_logit_softcapping", None)
-        self.layers = nn.ModuleList(
-            SandwichDecoderLayer(
-                llama_attention(
-                    config, backend_cls, scale=scale, sliding_window=window, logit_softcap=softcap
-                ),
-                llama_mlp(config),
-                GemmaRMSNorm,
-                config.hidden_size,
-                eps,
-            )
-            for window in self.windows
-        )
-        self.norm = GemmaRMSNorm(config.hidden_size, eps)
+        self.layers = sandwich_layers(config, backend_cls, self.windows, logit_softcap=softcap)
+        self.norm = GemmaRMSNorm(config.hidden_size, config_value(config, "rms_norm_eps", 1e-6))
         self.rotary = rotary_from_config(config, self.head_dim)
         self.embed_scale = config.hidden_size**0.5
         self.final_logit_softcap = config_value(config, "final_logit_softcapping", None)

@@ -9,10 +9,8 @@ from functools import partial
 from typing import Any
 
 import torch
-from torch import nn
 
 from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
-from pagedserve.services.gpu_worker.layers.decoder_layer import SandwichDecoderLayer
 from pagedserve.services.gpu_worker.layers.norm import GemmaRMSNorm
 from pagedserve.services.gpu_worker.layers.rotary import (
     RopeAngles,
@@ -20,27 +18,15 @@ from pagedserve.services.gpu_worker.layers.rotary import (
     rotary_from_params,
 )
 from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
-from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_mlp
+from pagedserve.services.gpu_worker.models.gemma2 import sandwich_layers
 
 
 class Gemma3ForCausalLM(DecoderLM):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__(config, backend_cls)
         eps = config_value(config, "rms_norm_eps", 1e-6)
-        scale = config.query_pre_attn_scalar**-0.5
         head_norm = partial(GemmaRMSNorm, eps=eps)
-        self.layers = nn.ModuleList(
-            SandwichDecoderLayer(
-                llama_attention(
-                    config, backend_cls, scale=scale, head_norm=head_norm, sliding_window=window
-                ),
-                llama_mlp(config),
-                GemmaRMSNorm,
-                config.hidden_size,
-                eps,
-            )
-            for window in self.windows
-        )
+        self.layers = sandwich_layers(config, backend_cls, self.windows, head_norm=head_norm)
         self.norm = GemmaRMSNorm(config.hidden_size, eps)
         params = config.rope_parameters
         self.rotary = rotary_from_params(config, self.head_dim, params["full_attention"])

@@ -5,32 +5,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
-from torch import nn
 
-from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
-from pagedserve.services.gpu_worker.layers.norm import RMSNorm
-from pagedserve.services.gpu_worker.layers.rotary import rotary_from_config
-from pagedserve.services.gpu_worker.models.decoder_base import (
-    DecoderLM,
-    attention_geometry,
-    config_value,
-)
-from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_layer
+from pagedserve.services.gpu_worker.models.decoder_base import attention_geometry
+from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 
 
-class Phi3ForCausalLM(DecoderLM):
-    def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
-        super().__init__(config, backend_cls)
-        self.layers = nn.ModuleList(
-            llama_layer(config, llama_attention(config, backend_cls, sliding_window=window))
-            for window in self.windows
-        )
-        self.norm = RMSNorm(config.hidden_size, config_value(config, "rms_norm_eps", 1e-6))
-        self.rotary = rotary_from_config(config, self.head_dim)
-
+class Phi3ForCausalLM(LlamaForCausalLM):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         return super().load_weights(self._split_fused(weights))
 
