@@ -102,7 +102,7 @@ class EngineClient:
         ] = {}  # open ones, to re-queue if Redis lost them
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
-        self.status_view = EngineStatusView(self)  # what /health and /metrics answer from
+        self.status_view = EngineStatusView(self.engine_statuses, self.process_restarts)
 
     async def start(self) -> None:
         self._tasks = [

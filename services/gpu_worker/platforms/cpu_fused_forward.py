@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.kernels import (
-    cpu_build,
     cpu_kv_write,
     cpu_paged_attention,
     cpu_rms_norm,
@@ -43,6 +42,7 @@ from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 from pagedserve.services.gpu_worker.platforms.cpu_prepack import Bf16Packing, packing_of
+from pagedserve.shared.options import switch_on
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
 BF16_BYTES = 2
@@ -147,7 +147,7 @@ class CpuFusedForward:
         embed = model.embed_tokens.weight
         first = model.layers[0].self_attn
         if (
-            cpu_build.switched_off(SWITCH)
+            not switch_on(SWITCH)
             or embed.device.type != "cpu"
             or embed.dtype != torch.bfloat16
             or get_tp_world_size() != 1
