@@ -230,6 +230,12 @@ def check_decode_args(
         raise ValueError("block_tables must be contiguous in its last dim")
 
 
+def auto_num_splits(query: torch.Tensor, num_kv_heads: int, max_seq_len: int) -> int:
+    """`choose_num_splits` for this query's batch on its device."""
+    num_sms = num_multiprocessors(query.device)
+    return choose_num_splits(query.shape[0], num_kv_heads, max_seq_len, num_sms)
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [B, Hq, D], one new token per sequence
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -244,10 +250,8 @@ def paged_decode_attention(
     sliding_window: int | None = None,
     softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each sequence's newest token over its whole cached context (its last
-    `sliding_window` keys when given, as `kernels.reference`), scores soft-capped by
-    `softcap` when given.
-
+    """Attention of each sequence's newest token over its cached context (its last
+    `sliding_window` keys, scores capped by `softcap`, when given: see `kernels.reference`).
     `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
     flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
     device sync the heuristic otherwise needs; an understated one drops keys from splits.
@@ -256,16 +260,13 @@ def paged_decode_attention(
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    (num_seqs, num_heads, head_dim), (num_kv_heads, block_size) = query.shape, k_cache.shape[2:0:-1]
     out = output_like(query, out)
     if num_seqs == 0:
         return out
     if num_splits != 1 and max_seq_len is None:
         max_seq_len = int(seq_lens.max())  # a device sync; callers that know it pass it
-    if num_splits is None:
-        num_sms = num_multiprocessors(query.device)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
+    num_splits = num_splits or auto_num_splits(query, num_kv_heads, max_seq_len)
     group = num_heads // num_kv_heads
     tile_n = max(tile_size(query.dtype, query.device), block_size)
     split = num_splits > 1

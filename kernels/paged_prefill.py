@@ -252,6 +252,21 @@ def prefill_grid(
     return (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
 
 
+def checked_work_items(
+    work_items: torch.Tensor | None,
+    query: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_q: int,
+) -> torch.Tensor:
+    """The flat grid's work items as given (checked), or computed here (a device sync)."""
+    if work_items is None:
+        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
+        work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
+    check_work_items(work_items, query)
+    return work_items
+
+
 def paged_prefill_attention(
     query: torch.Tensor,  # [T, Hq, D], the new tokens of every sequence, packed
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -276,7 +291,7 @@ def paged_prefill_attention(
     `work_items` (see `build_work_items`; computed here, with a device sync, when not
     given); "padded" launches (sequences x tiles of the longest chunk), sized by
     `max_query_len` (computed with a sync when not given). `out`, if given, receives the
-    result. `sliding_window` and `softcap` as in `kernels.reference.paged_prefill_attention`."""
+    result. `sliding_window`, `softcap`: as `kernels.reference.paged_prefill_attention`."""
     check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     if grid not in PREFILL_GRIDS:
         raise ValueError(f"grid must be one of {PREFILL_GRIDS}, got {grid!r}")
@@ -289,11 +304,8 @@ def paged_prefill_attention(
     group = num_heads // num_kv_heads
     tile = tile_size(query.dtype, query.device)
     block_q, group_pad = choose_block_q(group, tile)
-    if grid == "flat" and work_items is None:
-        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
-        work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
     if grid == "flat":
-        check_work_items(work_items, query)
+        work_items = checked_work_items(work_items, query, query_start_loc, seq_lens, block_q)
     elif max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     launch_grid = prefill_grid(
