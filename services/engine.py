@@ -105,6 +105,7 @@ class LLMEngine:
             model=str(self.model_dir),
             max_num_batched_tokens=runner.max_num_batched_tokens,
             vocab_size=runner.vocab_size,
+            sliding_windows=runner.sliding_windows,
         )
 
     def _load_tokenizer(self) -> Any | None:
