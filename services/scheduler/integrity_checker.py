@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections import Counter
 from typing import TYPE_CHECKING
 
-from pagedserve.services.scheduler.block_hash import DIGEST_SIZE
 from pagedserve.services.scheduler.request import RequestStatus
+from pagedserve.shared.block_hash import DIGEST_SIZE
 
 if TYPE_CHECKING:
     from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock

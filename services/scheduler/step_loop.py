@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
+from pagedserve.services.scheduler.cache_publisher import CachePublisher
 from pagedserve.services.scheduler.ledger import Ledger
 from pagedserve.services.scheduler.outbox import Outbox
 from pagedserve.services.scheduler.redis_io import StreamEntry
@@ -51,6 +52,9 @@ class StepLoop:
         self.status = StatusReporter(
             engine.io, engine.link, scheduler, self.ledger, self.stopping, self.clock
         )
+        self.cache_publisher = CachePublisher(
+            engine.redis, engine.io.keys, self.config.engine_id, scheduler.kv
+        )
 
     async def run(self) -> None:
         tasks = [
@@ -64,6 +68,9 @@ class StepLoop:
             asyncio.create_task(
                 claim_abandoned_forever(self.io, self.intake, self.stopping), name="claim"
             ),
+            asyncio.create_task(
+                self.cache_publisher.publish_forever(self.stopping), name="cache-publisher"
+            ),
         ]
         try:
             await self._resume_own_pending()
@@ -73,6 +80,7 @@ class StepLoop:
             await self.outbox.flush()
             with contextlib.suppress(RedisError):
                 await self.io.write_engine_status(self.status.status(workers_alive=False))
+                await self.cache_publisher.withdraw()
 
     async def _resume_own_pending(self) -> None:
         """Requests this engine id was given in a previous life, and dead engines' ones."""
