@@ -151,17 +151,25 @@ def _request_state(client: redis.Redis, keys: RedisKeys, request_id: str) -> str
 
 
 def read_engines(client: redis.Redis, keys: RedisKeys, now: float) -> list[dict[str, Any]]:
-    """Every registered engine's last status; one whose record expired shows as not alive."""
+    """Every registered engine's last status, the blocks its published cache summary holds
+    and the requests routed to it and not finished; one whose record expired shows as not
+    alive (its routed requests wait for a live engine to claim them)."""
     rows = []
     for engine_id in sorted(_text(e) for e in client.smembers(keys.engines)):
+        routing = {
+            "num_cached_blocks": int(client.scard(keys.cache_summary(engine_id))),
+            "num_routed": int(client.xlen(keys.routed_requests(engine_id))),
+        }
         fields = client.hgetall(keys.engine(engine_id))
         if not fields:
-            rows.append({"engine_id": engine_id, "alive": False, "heartbeat_age_s": None})
+            rows.append(
+                {"engine_id": engine_id, "alive": False, "heartbeat_age_s": None, **routing}
+            )
             continue
         status = from_fields(EngineStatus, fields)
         age = max(0.0, now - status.time)
         row = asdict(status)
-        row.update(heartbeat_age_s=age, alive=age <= ENGINE_STATUS_TTL_S)
+        row.update(heartbeat_age_s=age, alive=age <= ENGINE_STATUS_TTL_S, **routing)
         rows.append(row)
     return rows
 

@@ -75,7 +75,17 @@ def render_queue(snapshot: dict[str, Any]) -> str:
         "",
         "ENGINES",
         format_table(
-            ["engine", "alive", "running", "waiting", "kv usage", "free blocks", "heartbeat"],
+            [
+                "engine",
+                "alive",
+                "running",
+                "waiting",
+                "kv usage",
+                "free blocks",
+                "cached blocks",
+                "routed",
+                "heartbeat",
+            ],
             [_engine_row(e) for e in snapshot["engines"]],
         ),
         "",
@@ -93,7 +103,8 @@ def render_queue(snapshot: dict[str, Any]) -> str:
 
 def _engine_row(engine: dict[str, Any]) -> list[Any]:
     if engine.get("heartbeat_age_s") is None:
-        return [engine["engine_id"], "no (status expired)", "-", "-", "-", "-", "-"]
+        return [engine["engine_id"], "no (status expired)", "-", "-", "-", "-",
+                engine["num_cached_blocks"], engine["num_routed"], "-"]  # fmt: skip
     alive = "yes" if engine["alive"] and engine["workers_alive"] else "no"
     if engine["alive"] and not engine["workers_alive"]:
         alive = "no (workers down)"
@@ -104,6 +115,8 @@ def _engine_row(engine: dict[str, Any]) -> list[Any]:
         engine["num_waiting"],
         f"{engine['kv_usage'] * 100:.1f}%",
         f"{engine['num_free_blocks']}/{engine['num_total_blocks']}",
+        engine["num_cached_blocks"],
+        engine["num_routed"],
         format_age(engine["heartbeat_age_s"]) + " ago",
     ]
 

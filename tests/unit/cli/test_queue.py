@@ -97,11 +97,28 @@ def test_engines_show_load_kv_and_heartbeat(redis_client: redis.Redis) -> None:
     assert (engines["engine0"]["num_running"], engines["engine0"]["num_waiting"]) == (3, 7)
     assert 0.4 <= engines["engine0"]["heartbeat_age_s"] < 3
     assert engines["engine1"]["alive"] is False
-    assert engines["engine2"] == {"engine_id": "engine2", "alive": False, "heartbeat_age_s": None}
+    assert engines["engine2"] == {"engine_id": "engine2", "alive": False, "heartbeat_age_s": None,
+                                  "num_cached_blocks": 0, "num_routed": 0}  # fmt: skip
     text = render_queue(read_queue(redis_client, NS))
     engine0_line = next(line for line in text.splitlines() if line.startswith("engine0  yes"))
     assert "25.0%" in engine0_line and "75/100" in engine0_line
     assert "no (status expired)" in text
+
+
+def test_engines_show_cached_blocks_and_routed_queue(redis_client: redis.Redis) -> None:
+    write_engine(redis_client, "engine0", num_running=1, num_waiting=0)
+    redis_client.sadd(KEYS.cache_summary("engine0"), b"a" * 8, b"b" * 8, b"c" * 8)
+    for i in range(2):
+        redis_client.xadd(KEYS.routed_requests("engine0"), {"m": f"r{i}"})
+    redis_client.sadd(KEYS.engines, "engine1")  # dead, with a routed request left
+    redis_client.xadd(KEYS.routed_requests("engine1"), {"m": "r"})
+    engines = {e["engine_id"]: e for e in read_queue(redis_client, NS)["engines"]}
+    assert (engines["engine0"]["num_cached_blocks"], engines["engine0"]["num_routed"]) == (3, 2)
+    assert (engines["engine1"]["num_cached_blocks"], engines["engine1"]["num_routed"]) == (0, 1)
+    text = render_queue(read_queue(redis_client, NS))
+    assert "cached blocks" in text and "routed" in text
+    engine0_line = next(line for line in text.splitlines() if line.startswith("engine0  yes"))
+    assert engine0_line.split()[-5:-3] == ["3", "2"], engine0_line  # then "N.N s ago"
 
 
 def test_gateways_alive_by_heartbeat_key(redis_client: redis.Redis) -> None:
