@@ -1,0 +1,116 @@
+"""The gateway's router against engines' published cache summaries, on a real Redis: the
+publisher runs over a real scheduler's KV cache manager, the router hashes prompts with the
+same shared function, and the choice follows the cache, then the load."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+import redis.asyncio as aioredis
+
+from pagedserve.services.gateway.route_choice import REASON_CACHE, REASON_LOAD, REASON_SHARED
+from pagedserve.services.gateway.router import Router
+from pagedserve.services.gateway.status_view import StatusSnapshot
+from pagedserve.services.scheduler.cache_publisher import CachePublisher
+from pagedserve.services.scheduler.scheduler import Scheduler
+from pagedserve.shared.cache_summary import CACHE_SUMMARY_TTL_S
+from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.status import EngineStatus
+from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
+
+pytestmark = pytest.mark.integration
+
+KEYS = RedisKeys("routing")
+BLOCK_SIZE = 4
+TENANT_A = [11 + i for i in range(16)]  # 4 full blocks
+TENANT_B = [500 + i for i in range(16)]
+
+
+class FixedStatusView:
+    """Stands in for the gateway's status view: the records given, always fresh."""
+
+    def __init__(self, **loads: int) -> None:
+        self.loads = loads
+
+    async def current(self) -> StatusSnapshot:
+        return StatusSnapshot([
+            EngineStatus(engine_id, time.time(), True, num_running=load, num_free_blocks=64,
+                         block_size=BLOCK_SIZE)
+            for engine_id, load in self.loads.items()
+        ])  # fmt: skip
+
+
+def serve(scheduler: Scheduler, prompt: list[int], request_id: str) -> None:
+    worker = FakeWorker(num_blocks=scheduler.num_blocks, block_size=BLOCK_SIZE)
+    scheduler.add_request(make_request(request_id, prompt, max_tokens=1))
+    while scheduler.has_unfinished_requests():
+        run_step(scheduler, worker)
+
+
+def route(client: aioredis.Redis, view: FixedStatusView, policy: str, prompt: list[int]):
+    async def plan():
+        router = Router(client, KEYS, view, policy)  # type: ignore[arg-type]
+        return await router.plan([make_request("q", prompt)])
+
+    return asyncio.get_event_loop().run_until_complete(plan())
+
+
+@pytest.fixture
+def client(redis_url: str):
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    redis = aioredis.Redis.from_url(redis_url)
+    yield redis
+    loop.run_until_complete(redis.aclose())
+    loop.close()
+
+
+def test_requests_follow_the_engine_that_holds_their_prefix(client: aioredis.Redis) -> None:
+    scheduler = make_scheduler(num_blocks=8, block_size=BLOCK_SIZE)
+    serve(scheduler, TENANT_A, "warm")
+    publisher = CachePublisher(client, KEYS, "e1", scheduler.kv)
+    loop = asyncio.get_event_loop()
+    loop.run_until_complete(publisher.publish_once())
+    assert publisher.num_published == 4  # the 16 prompt tokens: 4 full blocks cached
+
+    view = FixedStatusView(e1=3, e2=0)  # e1 is busier, but holds tenant A
+    plan = route(client, view, "cache", [*TENANT_A, 99, 98])
+    assert plan.streams == [KEYS.routed_requests("e1")]
+    assert plan.choices[0].reason == REASON_CACHE and plan.choices[0].hit_tokens == 16
+    other = route(client, view, "cache", [*TENANT_B, 99])
+    assert other.streams == [KEYS.routed_requests("e2")]
+    assert other.choices[0].reason == REASON_LOAD
+    assert route(client, view, "load", [*TENANT_A, 99]).streams == [KEYS.routed_requests("e2")]
+    shared = route(client, view, "shared", [*TENANT_A, 99])
+    assert shared.streams == [KEYS.requests] and shared.choices[0].reason == REASON_SHARED
+
+    serve(scheduler, [7] * 31, "evictor")  # needs all 8 blocks: tenant A's are evicted
+    loop.run_until_complete(publisher.publish_once())
+    assert route(client, view, "cache", [*TENANT_A, 99]).streams == [KEYS.routed_requests("e2")]
+    assert loop.run_until_complete(client.ttl(KEYS.cache_summary("e1"))) <= CACHE_SUMMARY_TTL_S
+
+
+def test_a_burst_of_one_prefix_follows_the_first_and_spreads_when_overloaded(
+    client: aioredis.Redis,
+) -> None:
+    async def burst() -> list[str]:
+        router = Router(client, KEYS, FixedStatusView(e1=0, e2=0), "cache")  # type: ignore[arg-type]
+        streams = []
+        for i in range(40):  # nothing published yet: the router's memory keeps them together
+            async with router.lock:
+                plan = await router.plan([make_request(f"r{i}", [*TENANT_A, i])])
+                await client.xadd(plan.streams[0], {"m": b"x"})
+                router.commit(plan)
+            streams += plan.streams
+        return streams
+
+    streams = asyncio.get_event_loop().run_until_complete(burst())
+    first = streams[0]
+    # The first 17 go together (16 above the idle engine is not yet overloaded), then the
+    # two take turns as each in turn gets more than 16 above the other.
+    assert streams[:17] == [first] * 17
+    assert streams[17] != first
+    counts = {s: streams.count(s) for s in set(streams)}
+    assert abs(counts[KEYS.routed_requests("e1")] - counts[KEYS.routed_requests("e2")]) <= 17
