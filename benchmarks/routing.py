@@ -281,12 +281,14 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def ratios(policies: dict[str, Any]) -> dict[str, float]:
+def ratios(policies: dict[str, Any]) -> dict[str, float | None]:
+    """Cache routing over the shared stream (hits: None where the shared stream had none)."""
     shared = policies["shared"]
     cache = policies["cache"]
+    hits = shared["prefix_hit_tokens"]
     return {
-        "cache_vs_shared_prefix_hit_tokens": round(
-            cache["prefix_hit_tokens"] / max(shared["prefix_hit_tokens"], 1), 3
+        "cache_vs_shared_prefix_hit_tokens": (
+            round(cache["prefix_hit_tokens"] / hits, 3) if hits else None
         ),
         "cache_vs_shared_output_tok_per_s": round(
             cache["output_tok_per_s"] / shared["output_tok_per_s"], 3
