@@ -76,47 +76,49 @@ class Router:
         """Choose a stream for each request (raises RedisError). Call under `lock`, and
         `commit` once the requests are queued."""
         live = await self._live_engines() if self.policy != "shared" else []
-        members = [self._members(r, live) for r in requests] if self.policy == "cache" else []
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xlen(self.keys.requests)
-            for status in live:
-                pipe.xlen(self.keys.routed_requests(status.engine_id))
-            for request_members in members:
-                for status in live:
-                    found = request_members.get(status.block_size, [])
-                    if found:
-                        pipe.smismember(self.keys.cache_summary(status.engine_id), found)
-            answers = await pipe.execute()
-        depth, routed_lengths, rest = (
-            answers[0],
-            answers[1 : 1 + len(live)],
-            answers[1 + len(live) :],
-        )
+        members = [self._members(r, live) if self.policy == "cache" else {} for r in requests]
+        depth, routed_lengths, held = await self._read(live, members)
         loads = {
             s.engine_id: max(s.num_running + s.num_waiting, n)
             for s, n in zip(live, routed_lengths, strict=True)
         }
         choices = []
-        held = iter(rest)
-        for i in range(len(requests)):
-            candidates = []
-            for status in live:
-                found = members[i].get(status.block_size, []) if members else []
-                hits = next(held) if found else []
-                num_blocks = self._leading_hits(status.engine_id, found, hits)
-                candidates.append(
-                    Candidate(status.engine_id, loads[status.engine_id], status.num_free_blocks,
-                              num_blocks * status.block_size)
-                )  # fmt: skip
+        for i, request_members in enumerate(members):
+            candidates = [
+                Candidate(s.engine_id, loads[s.engine_id], s.num_free_blocks,
+                          self._hit_tokens(s, request_members, held.get((i, s.engine_id))))
+                for s in live
+            ]  # fmt: skip
             choice = choose(self.policy, candidates)
             if choice.engine_id is not None:
                 loads[choice.engine_id] += 1  # the next request of this submission sees it
-                block_size = next(s.block_size for s in live if s.engine_id == choice.engine_id)
-                if members:
-                    self.recent.record(choice.engine_id, members[i].get(block_size, []))
+                self._remember(choice.engine_id, live, request_members)
             choices.append(choice)
         streams = [self._stream(c) for c in choices]
         return RoutePlan(streams, choices, depth + sum(routed_lengths))
+
+    async def _read(
+        self, live: list[EngineStatus], members: list[dict[int, list[bytes]]]
+    ) -> tuple[int, list[int], dict[tuple[int, str], list]]:
+        """In one round trip: the shared stream's length, each live engine's routed stream's,
+        and which of each request's blocks each engine's summary holds."""
+        lookups = [  # (request index, engine): one SMISMEMBER each
+            (i, status) for i, found in enumerate(members) for status in live
+            if found.get(status.block_size)
+        ]  # fmt: skip
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xlen(self.keys.requests)
+            for status in live:
+                pipe.xlen(self.keys.routed_requests(status.engine_id))
+            for i, status in lookups:
+                summary = self.keys.cache_summary(status.engine_id)
+                pipe.smismember(summary, members[i][status.block_size])
+            answers = await pipe.execute()
+        held = {
+            (i, status.engine_id): found
+            for (i, status), found in zip(lookups, answers[1 + len(live) :], strict=True)
+        }
+        return answers[0], answers[1 : 1 + len(live)], held
 
     def commit(self, plan: RoutePlan) -> None:
         """The plan's requests are queued: count its decisions."""
@@ -148,13 +150,22 @@ class Router:
             members[block_size] = [summary_member(h) for h in hashes]
         return members
 
-    def _leading_hits(self, engine_id: str, members: list[bytes], held: list) -> int:
-        """Blocks at the start of the prompt that the engine holds or was just sent."""
+    def _hit_tokens(
+        self, status: EngineStatus, members: dict[int, list[bytes]], held: list | None
+    ) -> int:
+        """Prompt tokens at its start that the engine holds, or was just sent by us."""
+        found = members.get(status.block_size, [])
         now = time.monotonic()
-        for i, member in enumerate(members):
-            if not held[i] and not self.recent.was_sent(engine_id, member, now):
-                return i
-        return len(members)
+        for i, member in enumerate(found):
+            if not (held and held[i]) and not self.recent.was_sent(status.engine_id, member, now):
+                return i * status.block_size
+        return len(found) * status.block_size
+
+    def _remember(
+        self, engine_id: str, live: list[EngineStatus], members: dict[int, list[bytes]]
+    ) -> None:
+        block_size = next(s.block_size for s in live if s.engine_id == engine_id)
+        self.recent.record(engine_id, members.get(block_size, []))
 
     def _stream(self, choice: Choice) -> str:
         if choice.engine_id is None:
