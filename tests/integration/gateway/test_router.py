@@ -114,3 +114,26 @@ def test_a_burst_of_one_prefix_follows_the_first_and_spreads_when_overloaded(
     assert streams[17] != first
     counts = {s: streams.count(s) for s in set(streams)}
     assert abs(counts[KEYS.routed_requests("e1")] - counts[KEYS.routed_requests("e2")]) <= 17
+
+
+def test_the_summary_is_sent_whole_again_when_it_vanished_or_was_reset(
+    client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    scheduler = make_scheduler(num_blocks=8, block_size=BLOCK_SIZE)
+    serve(scheduler, TENANT_A, "warm")
+    publisher = CachePublisher(client, KEYS, "e1", scheduler.kv)
+    loop = asyncio.get_event_loop()
+    summary = KEYS.cache_summary("e1")
+    loop.run_until_complete(publisher.publish_once())
+    loop.run_until_complete(client.delete(summary))  # Redis restarted, or the TTL ran out
+    monkeypatch.setattr("pagedserve.services.scheduler.cache_publisher.REFRESH_TTL_EVERY_S", 0.0)
+    loop.run_until_complete(publisher.publish_once())  # no change: the TTL refresh finds it gone
+    assert loop.run_until_complete(client.scard(summary)) == 4
+    scheduler.reset_prefix_cache()  # the workers restarted: their KV is gone
+    loop.run_until_complete(publisher.publish_once())
+    assert loop.run_until_complete(client.exists(summary)) == 0
+    serve(scheduler, TENANT_B, "again")
+    loop.run_until_complete(publisher.publish_once())
+    assert loop.run_until_complete(client.scard(summary)) == 4
+    loop.run_until_complete(publisher.withdraw())  # the engine stops
+    assert loop.run_until_complete(client.exists(summary)) == 0
