@@ -159,7 +159,7 @@ class EngineClient:
         """Queue requests for the engines, each on the stream its route names (`router.py`);
         503 when the queues are full or Redis is down."""
         try:
-            async with self.router.lock:
+            async with self.router.turn():
                 plan = await self.router.plan(requests)
                 if plan.queue_depth + len(requests) > self.max_pending_requests:
                     raise unavailable(

@@ -8,18 +8,21 @@ reported load come from the gateway's status view (at most `REFRESH_INTERVAL_S` 
 digests are `shared/block_hash.py`'s, over the prompt's full blocks at each engine's block
 size, so they name the very keys the engine's prefix cache looks up.
 
-Submissions are routed one at a time (`lock`, held until the entries are queued): each then
+Submissions are routed one at a time (`turn()`, held until the entries are queued): each then
 sees the queue lengths its predecessors left, so a burst is spread instead of herding onto the
-engine that looked least loaded when the burst began.
+engine that looked least loaded when the burst began. A turn is waited for at most
+`TURN_WAIT_S`: while Redis stalls, each submission would otherwise wait out every earlier one's
+timeout; past it the submission routes on what it reads, one request of the burst less informed.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import redis.asyncio as aioredis
@@ -36,6 +39,7 @@ from pagedserve.shared.status import EngineStatus, is_engine_live
 
 logger = logging.getLogger(__name__)
 
+TURN_WAIT_S = 1.0
 SHARED_LABEL = "shared"  # the engine label of requests left to the shared stream
 
 
@@ -68,12 +72,12 @@ class Router:
         self.keys = keys
         self.status_view = status_view
         self.policy = policy
-        self.lock = asyncio.Lock()
+        self._lock = asyncio.Lock()
         self.recent = RecentRoutes()
         self.stats = RoutingStats()
 
     async def plan(self, requests: Sequence[GenerateRequest]) -> RoutePlan:
-        """Choose a stream for each request (raises RedisError). Call under `lock`, and
+        """Choose a stream for each request (raises RedisError). Call within `turn()`, and
         `commit` once the requests are queued."""
         live = await self._live_engines() if self.policy != "shared" else []
         members = [self._members(r, live) if self.policy == "cache" else {} for r in requests]
@@ -119,6 +123,20 @@ class Router:
             for (i, status), found in zip(lookups, answers[1 + len(live) :], strict=True)
         }
         return answers[0], answers[1 : 1 + len(live)], held
+
+    @contextlib.asynccontextmanager
+    async def turn(self) -> AsyncIterator[None]:
+        """This submission's turn to route and queue (waited for at most `TURN_WAIT_S`)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), TURN_WAIT_S)
+        except TimeoutError:
+            logger.debug("routing without a turn: the one before took over %gs", TURN_WAIT_S)
+            yield
+            return
+        try:
+            yield
+        finally:
+            self._lock.release()
 
     def commit(self, plan: RoutePlan) -> None:
         """The plan's requests are queued: count its decisions."""

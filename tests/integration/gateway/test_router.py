@@ -99,7 +99,7 @@ def test_a_burst_of_one_prefix_follows_the_first_and_spreads_when_overloaded(
         router = Router(client, KEYS, FixedStatusView(e1=0, e2=0), "cache")  # type: ignore[arg-type]
         streams = []
         for i in range(40):  # nothing published yet: the router's memory keeps them together
-            async with router.lock:
+            async with router.turn():
                 plan = await router.plan([make_request(f"r{i}", [*TENANT_A, i])])
                 await client.xadd(plan.streams[0], {"m": b"x"})
                 router.commit(plan)
@@ -137,3 +137,32 @@ def test_the_summary_is_sent_whole_again_when_it_vanished_or_was_reset(
     assert loop.run_until_complete(client.scard(summary)) == 4
     loop.run_until_complete(publisher.withdraw())  # the engine stops
     assert loop.run_until_complete(client.exists(summary)) == 0
+
+
+def test_a_stalled_turn_delays_the_next_submission_only_boundedly(
+    client: aioredis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("pagedserve.services.gateway.router.TURN_WAIT_S", 0.05)
+    router = Router(client, KEYS, FixedStatusView(e1=0), "load")  # type: ignore[arg-type]
+
+    async def scenario() -> list[str]:
+        order = []
+        stalled = asyncio.Event()
+
+        async def stalls() -> None:
+            async with router.turn():
+                stalled.set()
+                await asyncio.sleep(1.0)  # a submission stuck on a stalled Redis
+                order.append("stalled")
+
+        async def next_one() -> None:
+            await stalled.wait()
+            async with router.turn():
+                order.append("next")
+
+        await asyncio.gather(stalls(), next_one())
+        async with router.turn():  # the lock was given back
+            order.append("after")
+        return order
+
+    assert asyncio.get_event_loop().run_until_complete(scenario()) == ["next", "stalled", "after"]
