@@ -8,8 +8,9 @@ Workloads, each request non-streaming at temperature 0 with `ignore_eos`:
   64 requests spread evenly among them in random order, each the tenant's prefix plus 32
   tokens of its own;
 - `unique`: 64 requests with no shared prefix (256-512 random token ids each).
-Every run draws fresh prefixes, so no run finds another's blocks. Runs are alternated: each
-round runs every policy on each workload, the policy order rotating from round to round, and
+Each round draws a workload's shape once (tenant order, prefix and prompt lengths) and every
+policy runs that shape with fresh token ids, so all see the same amount of work and no run
+finds another's blocks. Runs are alternated: the policy order rotates from round to round, and
 a policy's figure is its median round. `prefix_hit_tokens` sums the requests' own
 `usage.prompt_tokens_details.cached_tokens`; `output_tok_per_s` is completion tokens over the
 wall time from the first request sent to the last answer.
@@ -68,20 +69,34 @@ def random_ids(rng: random.Random, num: int) -> list[int]:
     return [rng.randrange(*TOKEN_ID_RANGE) for _ in range(num)]
 
 
-def tenant_prompts(config: BenchConfig, rng: random.Random) -> list[list[int]]:
-    prefixes = [
-        random_ids(rng, rng.randint(*config.prefix_tokens)) for _ in range(config.num_tenants)
-    ]
+def tenant_shape(config: BenchConfig, rng: random.Random) -> list[tuple[int, int]]:
+    """Per request: (its tenant, that tenant's prefix length); the tenants in random order."""
+    lengths = [rng.randint(*config.prefix_tokens) for _ in range(config.num_tenants)]
     tenants = [i % config.num_tenants for i in range(config.num_requests)]
     rng.shuffle(tenants)
-    return [prefixes[t] + random_ids(rng, config.suffix_tokens) for t in tenants]
+    return [(t, lengths[t]) for t in tenants]
 
 
-def unique_prompts(config: BenchConfig, rng: random.Random) -> list[list[int]]:
-    return [random_ids(rng, rng.randint(*config.unique_tokens)) for _ in range(config.num_requests)]
+def tenant_prompts(
+    config: BenchConfig, shape: list[tuple[int, int]], rng: random.Random
+) -> list[list[int]]:
+    """The shape's requests with fresh token ids: same lengths, no block of an earlier run."""
+    prefixes = {t: random_ids(rng, n) for t, n in set(shape)}
+    return [prefixes[t] + random_ids(rng, config.suffix_tokens) for t, _ in shape]
 
 
-WORKLOADS = {"tenants": tenant_prompts, "unique": unique_prompts}
+def unique_shape(config: BenchConfig, rng: random.Random) -> list[tuple[int, int]]:
+    return [(i, rng.randint(*config.unique_tokens)) for i in range(config.num_requests)]
+
+
+def unique_prompts(
+    config: BenchConfig, shape: list[tuple[int, int]], rng: random.Random
+) -> list[list[int]]:
+    return [random_ids(rng, n) for _, n in shape]
+
+
+# workload -> (draw a shape once per round, the prompts of one run of that shape)
+WORKLOADS = {"tenants": (tenant_shape, tenant_prompts), "unique": (unique_shape, unique_prompts)}
 
 
 # -- the cluster -----------------------------------------------------------------------------
@@ -274,6 +289,9 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     return {
         policy: {
             "prefix_hit_tokens": statistics.median(r["prefix_hit_tokens"] for r in rounds),
+            "prefix_hit_fraction": round(
+                statistics.median(r["prefix_hit_tokens"] / r["prompt_tokens"] for r in rounds), 4
+            ),
             "output_tok_per_s": round(statistics.median(r["output_tok_per_s"] for r in rounds), 3),
             "rounds": rounds,
         }
@@ -300,15 +318,16 @@ def run(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
     rng = random.Random(config.seed)
     runs: dict[str, dict[str, list]] = {w: {p: [] for p in POLICIES} for w in WORKLOADS}
     with RoutingCluster(config, model_dir) as cluster:
-        warm = unique_prompts(BenchConfig(num_requests=4, unique_tokens=(64, 64)), rng)
+        warm = [random_ids(rng, 64) for _ in range(4)]
         for policy in POLICIES:  # each gateway's first requests, and the engines' first steps
             asyncio.run(send_all(cluster.url(policy), warm, 4, 4))
         cluster.wait_idle()
         for index in range(config.rounds):
             order = POLICIES[index % 3 :] + POLICIES[: index % 3]
-            for workload, make_prompts in WORKLOADS.items():
+            for workload, (make_shape, make_prompts) in WORKLOADS.items():
+                shape = make_shape(config, rng)  # every policy of the round: the same lengths
                 for policy in order:
-                    result = run_policy(cluster, policy, make_prompts(config, rng))
+                    result = run_policy(cluster, policy, make_prompts(config, shape, rng))
                     result["round"] = index
                     runs[workload][policy].append(result)
                     print(
