@@ -8,28 +8,19 @@ sampler keeps torch's argmax. `PAGEDSERVE_CPU_ARGMAX_KERNEL=0` turns the kernel 
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
 from pagedserve.kernels import cpu_build
 
-SOURCE = Path(__file__).with_name("cpu_argmax.c")
+KERNEL = cpu_build.CKernel(
+    source="cpu_argmax.c",
+    switch="PAGEDSERVE_CPU_ARGMAX_KERNEL",
+    what="CPU argmax kernel",
+    functions=("argmax_rows",),
+)
+load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_VOCAB = 2**31 - 16  # lanes count indices in int32
-
-
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    library = cpu_build.load_kernel(SOURCE, "PAGEDSERVE_CPU_ARGMAX_KERNEL", "CPU argmax kernel")
-    if library is not None:
-        ptr = ctypes.c_void_p
-        library.argmax_rows.restype = None
-        library.argmax_rows.argtypes = [ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_int, ptr]
-    return library
 
 
 def supports(logits: torch.Tensor) -> bool:

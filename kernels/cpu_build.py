@@ -1,4 +1,12 @@
-"""Building the CPU kernels (`kernels/*.c`) with the machine's C compiler, on first use.
+"""The C kernels of the CPU (`kernels/*.c`): declared, built with the machine's C compiler on
+first use, loaded through ctypes and cached; the one loader for all of them.
+
+Each kernel module declares a `CKernel`: its source, the `PAGEDSERVE_CPU_*` switch that turns
+it off (declared in `shared/options.py`), any flags or requirements of this machine, and the
+C functions it calls. Their ctypes signatures are read from the prototypes in the source, so
+the C file is the one place a signature is written. `CKernel.loader()` gives the module its
+`load()`: the library with every function typed, or None (turned off, unsupported here, no
+compiler, a failed build), the reason logged once, so that callers keep their torch path.
 
 `cc -O3 -fopenmp -shared` with the vector ISA torch itself runs at
 (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps, so a machine
@@ -13,17 +21,22 @@ concurrent workers share one build. Its OpenMP runtime is torch's own (the same
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from pagedserve.shared import model_files
+from pagedserve.shared.options import switch_on
 
 logger = logging.getLogger(__name__)
 
@@ -93,23 +106,95 @@ def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> tuple[ctype
     return ctypes.CDLL(str(path)), path
 
 
-def switched_off(variable: str) -> bool:
-    """True where the environment turns a kernel off (`variable` set to 0, false or no)."""
-    return os.environ.get(variable, "1").lower() in ("0", "false", "no")
+# C types of the kernels' prototypes -> ctypes; any pointer is a c_void_p (a data_ptr())
+_C_TYPES: dict[str, type | None] = {
+    "void": None,
+    "int": ctypes.c_int,
+    "int64_t": ctypes.c_int64,
+    "float": ctypes.c_float,
+}
+_QUALIFIERS = {"const", "restrict"}
 
 
-def load_kernel(
-    source: Path, switch: str, what: str, extra_flags: tuple[str, ...] = ()
-) -> ctypes.CDLL | None:
-    """`source`'s library, or None when `switch` turns it off or it cannot be built; either is
-    logged, saying `what` falls back."""
-    if switched_off(switch):
-        logger.info("%s turned off (%s=0)", what, switch)
-        return None
-    try:
-        library, path = load_library(source, extra_flags)
-    except (KernelBuildError, OSError) as exc:
-        logger.warning("%s unavailable, using torch ops: %s", what, exc)
-        return None
-    logger.info("%s loaded from %s", what, path)
-    return library
+def _no_flags() -> tuple[str, ...]:
+    return ()
+
+
+def _supported() -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class CKernel:
+    """One C kernel, declared by the module that calls it."""
+
+    source: str  # the C file's name in kernels/
+    switch: str  # the PAGEDSERVE_CPU_* variable that turns it off
+    what: str  # for the log: "CPU argmax kernel"
+    functions: tuple[str, ...]  # the C functions called; prototypes read from `source`
+    flags: Callable[[], tuple[str, ...]] = _no_flags  # extra compiler flags on this machine
+    unsupported: Callable[[], str | None] = _supported  # why it cannot run here, or None
+
+    @property
+    def path(self) -> Path:
+        return Path(__file__).with_name(self.source)
+
+    def build(self, directory: Path | None = None) -> Path:
+        """The compiled library's path (see `build`). Raises `KernelBuildError`."""
+        return build(self.path, directory, self.flags())
+
+    def loader(self) -> Callable[[], ctypes.CDLL | None]:
+        """The kernel's `load()`: cached, so built, loaded and logged once (tests may
+        `cache_clear()` it after changing the environment)."""
+        return functools.cache(self._load)
+
+    def _load(self) -> ctypes.CDLL | None:
+        if not switch_on(self.switch):
+            logger.info("%s turned off (%s=0)", self.what, self.switch)
+            return None
+        reason = self.unsupported()
+        if reason is not None:
+            logger.info("%s not used: %s", self.what, reason)
+            return None
+        try:
+            library, path = load_library(self.path, self.flags())
+        except (KernelBuildError, OSError) as exc:
+            logger.warning("%s unavailable, using torch ops: %s", self.what, exc)
+            return None
+        source = self.path.read_text()
+        for name in self.functions:
+            function = getattr(library, name)
+            function.restype, function.argtypes = c_signature(source, name)
+        logger.info("%s loaded from %s", self.what, path)
+        return library
+
+
+def c_signature(source: str, name: str) -> tuple[type | None, list[type]]:
+    """(restype, argtypes) of function `name` from its first definition in C `source`."""
+    match = re.search(
+        rf"^([A-Za-z_][\w ]*?)\s*\b{re.escape(name)}\s*\(([^)]*)\)\s*\{{", source, re.MULTILINE
+    )
+    if match is None:
+        raise ValueError(f"no definition of {name}() in the C source")
+    restype = _c_type(match.group(1), name)
+    params = " ".join(match.group(2).split())
+    if params in ("", "void"):
+        return restype, []
+    return restype, [_c_param_type(p, name) for p in params.split(",")]
+
+
+def _c_param_type(param: str, function: str) -> type:
+    if "*" in param:
+        return ctypes.c_void_p
+    words = [w for w in param.split() if w not in _QUALIFIERS]
+    ctype = _c_type(" ".join(words[:-1]), function)  # the last word is the parameter's name
+    if ctype is None:
+        raise ValueError(f"{function}(): a void parameter in {param!r}")
+    return ctype
+
+
+def _c_type(text: str, function: str) -> type | None:
+    words = " ".join(w for w in text.split() if w not in _QUALIFIERS)
+    if words not in _C_TYPES:
+        raise ValueError(f"{function}(): C type {words!r} has no ctypes mapping here")
+    return _C_TYPES[words]

@@ -9,28 +9,17 @@ attention backend keeps torch's ops. `PAGEDSERVE_CPU_KV_WRITE_KERNEL=0` turns th
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
 from pagedserve.kernels import cpu_build
 
-SOURCE = Path(__file__).with_name("cpu_kv_write.c")
-
-
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_KV_WRITE_KERNEL", "CPU KV cache write kernel"
-    )
-    if library is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.write_kv_rows.restype = ctypes.c_int
-        library.write_kv_rows.argtypes = [ptr, ptr, i64, ptr, ptr, i64, ptr, i64, i64, i64]
-    return library
+KERNEL = cpu_build.CKernel(
+    source="cpu_kv_write.c",
+    switch="PAGEDSERVE_CPU_KV_WRITE_KERNEL",
+    what="CPU KV cache write kernel",
+    functions=("write_kv_rows",),
+)
+load = KERNEL.loader()
 
 
 def _rows_in_place(rows: torch.Tensor, row_elems: int) -> bool:

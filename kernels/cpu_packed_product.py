@@ -5,16 +5,9 @@ signature, `(x, m, k, x_stride, packed, n, bias, y, y_stride)`, and this is its 
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 
 import torch
-
-
-def product_argtypes() -> list[type]:
-    """ctypes argument types of the shared signature."""
-    i64, ptr = ctypes.c_int64, ctypes.c_void_p
-    return [ptr, i64, i64, i64, ptr, i64, ptr, ptr, i64]
 
 
 def call_packed_product(

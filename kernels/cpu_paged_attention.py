@@ -14,7 +14,6 @@ backend keeps its torch path. `PAGEDSERVE_CPU_ATTENTION_KERNEL=0` turns the kern
 from __future__ import annotations
 
 import ctypes
-import functools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,15 +22,15 @@ import torch
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError, compile_flags
 from pagedserve.kernels.cpu_small_gemm import cpu_has_avx512_bf16
+from pagedserve.shared.options import switch_on
 
 __all__ = ["KernelBuildError", "compile_flags"]
 
-SOURCE = Path(__file__).with_name("cpu_paged_attention.c")
 DTYPES = (torch.float32, torch.bfloat16)  # the cache and query dtypes it reads
 
 
 def enabled() -> bool:
-    return not cpu_build.switched_off("PAGEDSERVE_CPU_ATTENTION_KERNEL")
+    return switch_on(KERNEL.switch)
 
 
 def extra_flags() -> tuple[str, ...]:
@@ -40,43 +39,20 @@ def extra_flags() -> tuple[str, ...]:
     return ("-mavx512bf16",) if cpu_has_avx512_bf16() else ()
 
 
+KERNEL = cpu_build.CKernel(
+    source="cpu_paged_attention.c",
+    switch="PAGEDSERVE_CPU_ATTENTION_KERNEL",
+    what="CPU paged attention kernel",
+    functions=("paged_attention", "paged_attention_uses_bf16_dot"),
+    flags=extra_flags,
+)
+SOURCE = KERNEL.path
+load = KERNEL.loader()
+
+
 def build(directory: Path | None = None) -> Path:
     """The compiled library's path (see `cpu_build.build`). Raises `KernelBuildError`."""
-    return cpu_build.build(SOURCE, directory, extra_flags())
-
-
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_ATTENTION_KERNEL", "CPU paged attention kernel", extra_flags()
-    )
-    if library is None:
-        return None
-    library.paged_attention_uses_bf16_dot.restype = ctypes.c_int
-    library.paged_attention_uses_bf16_dot.argtypes = [ctypes.c_int64]
-    function = library.paged_attention
-    function.restype = ctypes.c_int
-    function.argtypes = [
-        ctypes.c_void_p,  # out
-        ctypes.c_void_p,  # q
-        ctypes.c_int64,  # q_row_stride
-        ctypes.c_void_p,  # k_cache
-        ctypes.c_void_p,  # v_cache
-        ctypes.c_void_p,  # block_tables
-        ctypes.c_int64,  # max_blocks
-        ctypes.c_void_p,  # seq_lens
-        ctypes.c_void_p,  # query_start
-        ctypes.c_void_p,  # seqs
-        ctypes.c_int64,  # num_seqs
-        ctypes.c_int64,  # num_heads
-        ctypes.c_int64,  # num_kv_heads
-        ctypes.c_int64,  # head_dim
-        ctypes.c_int64,  # block_size
-        ctypes.c_float,  # scale
-        ctypes.c_int,  # is_bf16
-    ]
-    return library
+    return KERNEL.build(directory)
 
 
 def uses_bf16_dot(head_dim: int = 64) -> bool:

@@ -7,30 +7,19 @@ No compiler, or a failed build: `load()` returns None, says why once in the log,
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
 from pagedserve.kernels import cpu_build
 
-SOURCE = Path(__file__).with_name("cpu_rms_norm.c")
+KERNEL = cpu_build.CKernel(
+    source="cpu_rms_norm.c",
+    switch="PAGEDSERVE_CPU_NORM_KERNEL",
+    what="CPU RMSNorm kernel",
+    functions=("add_rms_norm",),
+)
+load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HIDDEN = 1 << 14  # the C row buffer's size
-
-
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    library = cpu_build.load_kernel(SOURCE, "PAGEDSERVE_CPU_NORM_KERNEL", "CPU RMSNorm kernel")
-    if library is not None:
-        ptr = ctypes.c_void_p
-        library.add_rms_norm.restype = ctypes.c_int
-        library.add_rms_norm.argtypes = [
-            ptr, ptr, ptr, ptr, ptr, ctypes.c_int64, ctypes.c_int64, ctypes.c_float, ctypes.c_int
-        ]  # fmt: skip
-    return library
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:

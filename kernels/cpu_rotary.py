@@ -7,29 +7,18 @@ model keeps its torch ops. `PAGEDSERVE_CPU_ROTARY_KERNEL=0` turns the kernel off
 
 from __future__ import annotations
 
-import ctypes
-import functools
-from pathlib import Path
-
 import torch
 
 from pagedserve.kernels import cpu_build
 
-SOURCE = Path(__file__).with_name("cpu_rotary.c")
+KERNEL = cpu_build.CKernel(
+    source="cpu_rotary.c",
+    switch="PAGEDSERVE_CPU_ROTARY_KERNEL",
+    what="CPU rotary embedding kernel",
+    functions=("rotate_in_place",),
+)
+load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
-
-
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (turned off, or it cannot be built: logged once)."""
-    library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_ROTARY_KERNEL", "CPU rotary embedding kernel"
-    )
-    if library is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.rotate_in_place.restype = None
-        library.rotate_in_place.argtypes = [ptr, i64, i64, i64, i64, ptr, ptr, ctypes.c_int]
-    return library
 
 
 def supports(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> bool:

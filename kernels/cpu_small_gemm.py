@@ -29,11 +29,11 @@ import torch
 
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError
-from pagedserve.kernels.cpu_packed_product import call_packed_product, product_argtypes
+from pagedserve.kernels.cpu_packed_product import call_packed_product
+from pagedserve.shared.options import switch_on
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("cpu_small_gemm.c")
 MAX_ROWS = 12  # the most rows the vdpbf16ps tiles take beside oneDNN's AMX product
 MAX_ROWS_WITHOUT_AMX = 512  # ... where the CPU has no AMX (oneDNN's product is vdpbf16ps too)
 AMX_MAX_ROWS = 128  # the most rows the AMX tiles take, where the CPU has AMX-BF16
@@ -61,29 +61,27 @@ def cpu_has_amx_bf16() -> bool:
     return cpu_has_avx512_bf16() and "amx_bf16" in _cpu_flags()
 
 
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (no AVX512-BF16, turned off, or it cannot be built)."""
-    if not cpu_has_avx512_bf16():
-        logger.info("CPU bf16 GEMM kernel not used: no AVX512-BF16 at torch's capability")
-        return None
-    flags = _FLAGS + (_AMX_FLAGS if cpu_has_amx_bf16() else ())
-    library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_GEMM_KERNEL", "CPU bf16 GEMM kernel", flags
-    )
-    if library is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.small_gemm_packed_numel.restype = i64
-        library.small_gemm_packed_numel.argtypes = [i64, i64]
-        library.small_gemm_pack.restype = None
-        library.small_gemm_pack.argtypes = [ptr, i64, i64, ptr]
-        for name in ("small_gemm", "small_gemm_amx"):
-            getattr(library, name).restype = None
-            getattr(library, name).argtypes = product_argtypes()
-        library.small_gemm_amx_init.restype = ctypes.c_int
-        library.small_gemm_swiglu.restype = None
-        library.small_gemm_swiglu.argtypes = [ptr, i64, i64, i64, ptr, i64, ptr, i64]
-    return library
+def _flags() -> tuple[str, ...]:
+    return _FLAGS + (_AMX_FLAGS if cpu_has_amx_bf16() else ())
+
+
+def _without_avx512_bf16() -> str | None:
+    return None if cpu_has_avx512_bf16() else "no AVX512-BF16 at torch's capability"
+
+
+KERNEL = cpu_build.CKernel(
+    source="cpu_small_gemm.c",
+    switch="PAGEDSERVE_CPU_GEMM_KERNEL",
+    what="CPU bf16 GEMM kernel",
+    functions=(
+        "small_gemm_packed_numel", "small_gemm_pack", "small_gemm", "small_gemm_amx",
+        "small_gemm_amx_init", "small_gemm_swiglu",
+    ),
+    flags=_flags,
+    unsupported=_without_avx512_bf16,
+)  # fmt: skip
+SOURCE = KERNEL.path
+load = KERNEL.loader()
 
 
 @functools.cache
@@ -99,7 +97,7 @@ def amx_available() -> bool:
 
 
 def switched_off_amx() -> bool:
-    return cpu_build.switched_off("PAGEDSERVE_CPU_GEMM_AMX")
+    return not switch_on("PAGEDSERVE_CPU_GEMM_AMX")
 
 
 def max_rows(num_in: int) -> int:

@@ -13,39 +13,31 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import logging
-from pathlib import Path
 
 import torch
 
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError
-from pagedserve.kernels.cpu_packed_product import call_packed_product, product_argtypes
-
-logger = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("cpu_small_sgemm.c")
+from pagedserve.kernels.cpu_packed_product import call_packed_product
 
 
-@functools.cache
-def load() -> ctypes.CDLL | None:
-    """The kernel library, or None (torch below AVX2, turned off, or it cannot be built)."""
+def _below_avx2() -> str | None:
     if str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"):
-        logger.info("CPU float32 GEMM kernel not used: torch runs below AVX2")
-        return None
-    library = cpu_build.load_kernel(
-        SOURCE, "PAGEDSERVE_CPU_SGEMM_KERNEL", "CPU float32 GEMM kernel"
-    )
-    if library is not None:
-        i64, ptr = ctypes.c_int64, ctypes.c_void_p
-        library.small_sgemm_panel_columns.restype = i64
-        library.small_sgemm_packed_numel.restype = i64
-        library.small_sgemm_packed_numel.argtypes = [i64, i64]
-        library.small_sgemm_pack.restype = None
-        library.small_sgemm_pack.argtypes = [ptr, i64, i64, ptr]
-        library.small_sgemm.restype = None
-        library.small_sgemm.argtypes = product_argtypes()
-    return library
+        return "torch runs below AVX2"
+    return None
+
+
+KERNEL = cpu_build.CKernel(
+    source="cpu_small_sgemm.c",
+    switch="PAGEDSERVE_CPU_SGEMM_KERNEL",
+    what="CPU float32 GEMM kernel",
+    functions=(
+        "small_sgemm_panel_columns", "small_sgemm_packed_numel", "small_sgemm_pack", "small_sgemm"
+    ),
+    unsupported=_below_avx2,
+)  # fmt: skip
+SOURCE = KERNEL.path
+load = KERNEL.loader()
 
 
 def available() -> bool:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pagedserve.shared.value_checks import is_int
+
 
 @dataclass(frozen=True)
 class ModelFacts:
@@ -43,7 +45,7 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
     return ModelFacts(
         eos_token_ids=tuple(dict.fromkeys(eos_ids)),
         max_model_len=length_limit(config),
-        vocab_size=vocab_size if _is_int(vocab_size) else None,
+        vocab_size=vocab_size if is_int(vocab_size) else None,
         has_chat_template=_has_chat_template(model_dir, tokenizer_config),
     )
 
@@ -51,11 +53,11 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
 def length_limit(config: Mapping[str, Any]) -> int | None:
     """The longest sequence the model handles exactly (see the module docstring)."""
     limit = config.get("max_position_embeddings")
-    if not _is_int(limit):
+    if not is_int(limit):
         return None
     window = config.get("sliding_window")
     uses_window = config.get("use_sliding_window", config.get("model_type") == "mistral")
-    if _is_int(window) and window > 0 and uses_window:
+    if is_int(window) and window > 0 and uses_window:
         return min(limit, window)
     return limit
 
@@ -68,15 +70,11 @@ def _read_json(path: Path) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _as_ids(value: Any) -> list[int]:
-    if _is_int(value):
+    if is_int(value):
         return [value]
     if isinstance(value, list):
-        return [v for v in value if _is_int(v)]
+        return [v for v in value if is_int(v)]
     return []
 
 
@@ -88,10 +86,10 @@ def _tokenizer_eos_ids(model_dir: Path, tokenizer_config: Mapping[str, Any]) -> 
         return []
     tokenizer = _read_json(model_dir / "tokenizer.json")
     for added in tokenizer.get("added_tokens", []):
-        if isinstance(added, dict) and added.get("content") == content and _is_int(added["id"]):
+        if isinstance(added, dict) and added.get("content") == content and is_int(added["id"]):
             return [added["id"]]
     vocab = tokenizer.get("model", {}).get("vocab")
-    if isinstance(vocab, dict) and _is_int(vocab.get(content)):
+    if isinstance(vocab, dict) and is_int(vocab.get(content)):
         return [vocab[content]]
     if isinstance(vocab, list):  # Unigram: [[piece, score], ...], the id is the index
         pieces = [entry[0] if isinstance(entry, list) and entry else None for entry in vocab]

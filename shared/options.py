@@ -215,3 +215,44 @@ def option_argv(values: Mapping[str, Any]) -> list[str]:
     for dest, value in values.items():
         argv += OPTIONS[dest].to_argv(value)
     return argv
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment switches: variables without a flag that turn a CPU fast path off, for A/B
+# measurements and as an escape hatch. Each is on unless set to 0, false, no or off.
+
+
+@dataclass(frozen=True)
+class Switch:
+    variable: str  # "PAGEDSERVE_CPU_ARGMAX_KERNEL"
+    help: str
+
+    def is_on(self) -> bool:
+        return os.environ.get(self.variable, "").strip().lower() not in _FALSE
+
+
+CPU_SWITCHES: dict[str, Switch] = {
+    s.variable: s
+    for s in (
+        Switch("PAGEDSERVE_CPU_ARGMAX_KERNEL", "the sampler's greedy argmax in C (cpu_argmax.c)"),
+        Switch("PAGEDSERVE_CPU_ATTENTION_KERNEL",
+               "paged attention in C in one pass over the cache (cpu_paged_attention.c)"),
+        Switch("PAGEDSERVE_CPU_KV_WRITE_KERNEL", "KV cache writes in C (cpu_kv_write.c)"),
+        Switch("PAGEDSERVE_CPU_NORM_KERNEL", "RMSNorm with its residual add in C (cpu_rms_norm.c)"),
+        Switch("PAGEDSERVE_CPU_ROTARY_KERNEL", "rotary embedding in C (cpu_rotary.c)"),
+        Switch("PAGEDSERVE_CPU_SGEMM_KERNEL",
+               "float32 linears of a few dozen rows in C, AVX2/FMA (cpu_small_sgemm.c)"),
+        Switch("PAGEDSERVE_CPU_GEMM_KERNEL",
+               "bf16 linears of few rows in C, AVX512-BF16 (cpu_small_gemm.c)"),
+        Switch("PAGEDSERVE_CPU_GEMM_AMX",
+               "the AMX tiles in the bf16 linears, where the CPU has them"),
+        Switch("PAGEDSERVE_CPU_FUSED_FORWARD",
+               "the whole bf16 Llama forward through the C kernels (models/cpu_fused_forward.py)"),
+    )
+}  # fmt: skip
+
+
+def switch_on(variable: str) -> bool:
+    """Whether the environment leaves the switch `variable` on; KeyError for a variable not
+    declared in `CPU_SWITCHES` (so a misspelt name fails at once, not silently on)."""
+    return CPU_SWITCHES[variable].is_on()

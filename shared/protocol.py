@@ -27,6 +27,8 @@ from typing import Any
 
 import msgpack
 
+from pagedserve.shared.request_bounds import MAX_LOGPROBS, MAX_PROMPT_LOGPROBS
+
 
 class ProtocolError(ValueError):
     """Bytes that do not decode to a known message."""
@@ -73,7 +75,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = ()
     eos_token_ids: tuple[int, ...] = ()  # the model's end tokens; ignored with ignore_eos
     ignore_eos: bool = False
-    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k (k <= 20)
+    logprobs: int | None = None  # None: none; 0: the sampled token's; k: plus top k
     # log-softmax of every prompt position's token (and its top k); None: none
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
@@ -101,10 +103,15 @@ class SamplingParams:
             problems.append(
                 f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}"
             )
-        if self.logprobs is not None and not 0 <= self.logprobs <= 20:
-            problems.append(f"logprobs must be in [0, 20], got {self.logprobs}")
-        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= 20:
-            problems.append(f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_LOGPROBS:
+            problems.append(f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs}")
+        if (
+            self.prompt_logprobs is not None
+            and not 0 <= self.prompt_logprobs <= MAX_PROMPT_LOGPROBS
+        ):
+            problems.append(
+                f"prompt_logprobs must be in [0, {MAX_PROMPT_LOGPROBS}], got {self.prompt_logprobs}"
+            )
         for token_id, bias in self.logit_bias:
             if token_id < 0 or not math.isfinite(bias):
                 problems.append(f"logit_bias needs token ids >= 0 and finite biases, got "

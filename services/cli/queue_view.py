@@ -31,6 +31,10 @@ def format_age(seconds: float | None) -> str:
     return f"{seconds / 3600:.1f} h"
 
 
+ENGINE_COLUMNS = ["engine", "alive", "running", "waiting", "kv usage", "free blocks",
+                  "cached blocks", "routed", "heartbeat"]  # fmt: skip
+
+
 def render_queue(snapshot: dict[str, Any]) -> str:
     """The overview: stream depth, per-engine pending, in-flight requests, engines, gateways."""
     stream = snapshot["stream"]
@@ -75,17 +79,7 @@ def render_queue(snapshot: dict[str, Any]) -> str:
         "",
         "ENGINES",
         format_table(
-            [
-                "engine",
-                "alive",
-                "running",
-                "waiting",
-                "kv usage",
-                "free blocks",
-                "cached blocks",
-                "routed",
-                "heartbeat",
-            ],
+            ENGINE_COLUMNS,
             [_engine_row(e) for e in snapshot["engines"]],
         ),
         "",

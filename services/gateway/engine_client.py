@@ -104,7 +104,7 @@ class EngineClient:
         ] = {}  # open ones, to re-queue if Redis lost them
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
-        self.status_view = EngineStatusView(self)  # what /health and /metrics answer from
+        self.status_view = EngineStatusView(self.engine_statuses, self.process_restarts)
         self.router = Router(self.redis, self.keys, self.status_view, routing)
 
     async def start(self) -> None:

@@ -10,7 +10,6 @@ Unknown fields are ignored, as OpenAI's SDKs send extras; fields we cannot honou
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,17 +28,24 @@ from pagedserve.services.gateway.vllm_options import (
     read_logit_bias,
     read_output_options,
 )
+from pagedserve.shared.request_bounds import (
+    INT32_MAX,
+    INT32_MIN,
+    INT64_MAX,
+    INT64_MIN,
+    MAX_LOGPROBS,
+)
+from pagedserve.shared.value_checks import is_finite_number, is_int
 
 MAX_N = 16  # choices per request
 MAX_BATCH_PROMPTS = 64  # prompts in one /v1/completions call
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 MAX_STOP_TOKEN_IDS = 64
-MAX_LOGPROBS = 20  # top alternatives per token (the engine's bound)
 MAX_MESSAGES = 1024
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1  # any int64, as OpenAI and vLLM accept
+SEED_MIN, SEED_MAX = INT64_MIN, INT64_MAX
 COMPLETION_DEFAULT_MAX_TOKENS = 16  # OpenAI's legacy completions and vLLM
-PRIORITY_LIMIT = 2**31
+PRIORITY_LIMIT = -INT32_MIN
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 UNSUPPORTED = ("suffix", "functions")
 
@@ -107,14 +113,6 @@ class ChatRequest:
 # Field readers: each takes the body, the field name and the bound, and raises a 400 naming it.
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)
-
-
 def read_bool(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
@@ -131,7 +129,7 @@ def read_int(
     value = body.get(name)
     if value is None:
         return default
-    if not _is_int(value):
+    if not is_int(value):
         raise bad_request(f"`{name}` must be an integer, got {_kind(value)}", name)
     if not low <= value <= high:
         raise bad_request(f"`{name}` must be >= {low} and <= {high}, got {value}", name)
@@ -151,7 +149,7 @@ def read_float(
     value = body.get(name)
     if value is None:
         return default
-    if not _is_number(value):
+    if not is_finite_number(value):
         raise bad_request(f"`{name}` must be a finite number, got {_kind(value)}", name)
     too_low = value <= low if low_open else value < low
     if too_low or value > high:
@@ -194,7 +192,7 @@ def read_stop_token_ids(body: dict[str, Any]) -> tuple[int, ...]:
     value = body.get("stop_token_ids")
     if value is None:
         return ()
-    if not isinstance(value, list) or not all(_is_int(v) and v >= 0 for v in value):
+    if not isinstance(value, list) or not all(is_int(v) and v >= 0 for v in value):
         raise bad_request(
             "`stop_token_ids` must be an array of non-negative integers", "stop_token_ids"
         )
@@ -224,10 +222,10 @@ def read_sampling(
 ) -> SamplingOptions:
     """The sampling fields common to both endpoints."""
     _refuse_unsupported(body)
-    max_tokens = read_int(body, max_tokens_name, default_max_tokens, 0, 2**31 - 1)
+    max_tokens = read_int(body, max_tokens_name, default_max_tokens, 0, INT32_MAX)
     temperature = read_float(body, "temperature", 1.0, 0.0, 2.0)
-    top_k = read_int(body, "top_k", -1, -1, 2**31 - 1)
-    min_tokens = read_int(body, "min_tokens", 0, 0, 2**31 - 1)
+    top_k = read_int(body, "top_k", -1, -1, INT32_MAX)
+    min_tokens = read_int(body, "min_tokens", 0, 0, INT32_MAX)
     if max_tokens is not None and min_tokens > max_tokens:
         raise bad_request(
             f"`min_tokens` must be <= `{max_tokens_name}` ({max_tokens}), got {min_tokens}",
@@ -293,7 +291,7 @@ def _read_prompts(body: dict[str, Any]) -> list[str | list[int]]:
     )
     if isinstance(prompt, str):
         prompts: list[Any] = [prompt]
-    elif isinstance(prompt, list) and prompt and all(_is_int(t) for t in prompt):
+    elif isinstance(prompt, list) and prompt and all(is_int(t) for t in prompt):
         prompts = [prompt]
     elif isinstance(prompt, list) and prompt:
         prompts = prompt
@@ -304,7 +302,7 @@ def _read_prompts(body: dict[str, Any]) -> list[str | list[int]]:
             f"`prompt` may hold at most {MAX_BATCH_PROMPTS} prompts, got {len(prompts)}", "prompt"
         )
     for item in prompts:
-        is_ids = isinstance(item, list) and all(_is_int(t) for t in item)
+        is_ids = isinstance(item, list) and all(is_int(t) for t in item)
         if not (isinstance(item, str) or is_ids):
             raise error
         if len(item) == 0:

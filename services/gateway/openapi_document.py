@@ -23,8 +23,7 @@ from pagedserve.services.gateway.openai_schema import (
     SEED_MAX,
     SEED_MIN,
 )
-
-INT32_MAX = 2**31 - 1
+from pagedserve.shared.request_bounds import INT32_MAX
 
 _TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
 _STOP = {

@@ -12,16 +12,13 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pagedserve.shared.status import EngineStatus
-
-if TYPE_CHECKING:
-    from pagedserve.services.gateway.engine_client import EngineClient
 
 logger = logging.getLogger(__name__)
 
@@ -37,10 +34,16 @@ class StatusSnapshot:
 
 
 class EngineStatusView:
-    """One background reader per gateway; `current()` costs no I/O."""
+    """One background reader per gateway; `current()` costs no I/O. It is given the two
+    reads it makes (each raises RedisError when Redis does not answer)."""
 
-    def __init__(self, client: EngineClient) -> None:
-        self.client = client
+    def __init__(
+        self,
+        read_statuses: Callable[[], Awaitable[list[EngineStatus]]],
+        read_process_restarts: Callable[[], Awaitable[dict[str, int]]],
+    ) -> None:
+        self._read_statuses = read_statuses
+        self._read_process_restarts = read_process_restarts
         self._snapshot: StatusSnapshot | None = None
         self._error: str | None = None
         self._reading_since: float | None = None  # monotonic start of the read in flight
@@ -54,8 +57,8 @@ class EngineStatusView:
     async def refresh(self) -> None:
         self._reading_since = time.monotonic()
         try:
-            statuses = await self.client.engine_statuses()
-            restarts = await self.client.process_restarts()
+            statuses = await self._read_statuses()
+            restarts = await self._read_process_restarts()
             self._snapshot, self._error = StatusSnapshot(statuses, restarts), None
         except RedisError as exc:
             self._error = str(exc) or type(exc).__name__

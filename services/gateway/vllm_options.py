@@ -19,10 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.services.gateway.errors import bad_request
+from pagedserve.shared.request_bounds import LOGIT_BIAS_LIMIT, MAX_PROMPT_LOGPROBS
+from pagedserve.shared.value_checks import is_int
 
-MAX_PROMPT_LOGPROBS = 20
 MAX_LOGIT_BIAS_ENTRIES = 1024
-LOGIT_BIAS_LIMIT = 100.0
 # vLLM parameters this server cannot honour: refused (400 naming them) unless sent with the
 # value that means "off", so that nobody believes they took effect.
 REFUSED_UNLESS_OFF: dict[str, tuple[Any, str]] = {
@@ -57,10 +57,6 @@ class OutputOptions:
     truncate_prompt_tokens: int | None = None  # keep the last k prompt tokens; -1: the limit
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _bool(body: dict[str, Any], name: str, default: bool) -> bool:
     value = body.get(name)
     if value is None:
@@ -74,7 +70,7 @@ def read_prompt_logprobs(body: dict[str, Any], stream: bool) -> int | None:
     value = body.get("prompt_logprobs")
     if value is None:
         return None
-    if not _is_int(value) or not 0 <= value <= MAX_PROMPT_LOGPROBS:
+    if not is_int(value) or not 0 <= value <= MAX_PROMPT_LOGPROBS:
         raise bad_request(
             f"`prompt_logprobs` must be an integer >= 0 and <= {MAX_PROMPT_LOGPROBS}, "
             f"got {value!r}",
@@ -90,7 +86,7 @@ def _truncate_prompt_tokens(body: dict[str, Any]) -> int | None:
     value = body.get("truncate_prompt_tokens")
     if value is None:
         return None
-    if not _is_int(value) or value == 0 or value < -1:
+    if not is_int(value) or value == 0 or value < -1:
         raise bad_request(
             f"`truncate_prompt_tokens` must be -1 (the model's limit) or >= 1, got {value!r}",
             "truncate_prompt_tokens",
@@ -151,7 +147,9 @@ def read_logit_bias(body: dict[str, Any]) -> tuple[tuple[int, float], ...]:
             raise bad_request(f"`logit_bias[{key}]` must be a number", "logit_bias")
         if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
             raise bad_request(
-                f"`logit_bias[{key}]` must be >= -100 and <= 100, got {bias}", "logit_bias"
+                f"`logit_bias[{key}]` must be >= {-LOGIT_BIAS_LIMIT:g} and "
+                f"<= {LOGIT_BIAS_LIMIT:g}, got {bias}",
+                "logit_bias",
             )
         pairs.append((int(key), float(bias)))
     return tuple(pairs)

@@ -24,6 +24,7 @@ import torch
 
 from pagedserve.kernels import cpu_argmax
 from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
+from pagedserve.shared.request_bounds import MAX_LOGPROBS
 
 _SEED_STRIDE = 1_000_003  # mixes (seed, step) into one generator seed
 _MASK64 = 2**64 - 1
@@ -37,9 +38,6 @@ def _splitmix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return x ^ (x >> 31)
-
-
-MAX_LOGPROBS = 20
 
 
 @dataclass(slots=True)

@@ -8,10 +8,12 @@ tail, so the least recently freed cached block is evicted first.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from pagedserve.services.scheduler.cache_changes import CacheChangeLog
+from pagedserve.shared.block_hash import DIGEST_SIZE
 
 
 @dataclass(slots=True, eq=False)
@@ -161,6 +163,52 @@ class BlockPool:
         self.cached_blocks.clear()
         self.changes.cleared()
 
+    def check_integrity(self, tables: Iterable[list[KVBlock]]) -> None:
+        """Raise AssertionError naming the first broken invariant: refcounts equal to the
+        block tables (`tables`) holding each block, the free queue exactly the unheld blocks,
+        the cache map and the blocks' hashes in agreement. Walks every block."""
+        self._check_refcounts(Counter(b.block_id for table in tables for b in table))
+        self._check_free_queue()
+        self._check_cache_map()
+
+    def _check_refcounts(self, holders: Counter[int]) -> None:
+        for block in self.blocks:
+            assert block.ref_count == holders[block.block_id], (
+                f"block {block.block_id} has ref_count {block.ref_count} but "
+                f"{holders[block.block_id]} block tables hold it"
+            )
+            if block.ref_count > 1:
+                assert block.block_hash is not None, (
+                    f"block {block.block_id} is shared by {block.ref_count} tables but not cached"
+                )
+
+    def _check_free_queue(self) -> None:
+        free_ids = [b.block_id for b in self.free_queue.check_links()]
+        assert len(set(free_ids)) == len(free_ids), f"free queue repeats blocks: {free_ids}"
+        zero_ids = {b.block_id for b in self.blocks if b.ref_count == 0}
+        assert set(free_ids) == zero_ids, (
+            f"free queue {sorted(free_ids)} != blocks with ref_count 0 {sorted(zero_ids)}"
+        )
+        for block in self.blocks:
+            if block.ref_count > 0:
+                assert block.prev_free is None and block.next_free is None, (
+                    f"held block {block.block_id} still has free-queue links"
+                )
+
+    def _check_cache_map(self) -> None:
+        for block_hash, block in self.cached_blocks.items():
+            assert isinstance(block_hash, bytes) and len(block_hash) == DIGEST_SIZE, (
+                f"cache map key {block_hash!r} is not a {DIGEST_SIZE}-byte block digest"
+            )
+            assert block.block_hash == block_hash, (
+                f"cache map points hash {_short_hex(block_hash)} at block {block.block_id}, "
+                f"whose hash is {_short_hex(block.block_hash)}"
+            )
+        num_hashed = sum(1 for b in self.blocks if b.block_hash is not None)
+        assert num_hashed == len(self.cached_blocks), (
+            f"{num_hashed} blocks carry a hash but the cache map has {len(self.cached_blocks)}"
+        )
+
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
@@ -168,3 +216,7 @@ class BlockPool:
             del self.cached_blocks[block.block_hash]
             self.changes.evicted(block.block_hash)
         block.block_hash = None
+
+
+def _short_hex(digest: bytes | None) -> str:
+    return "none" if digest is None else digest.hex()[:16]

@@ -34,7 +34,7 @@ from pagedserve.services.scheduler.intake import Intake
 from pagedserve.services.scheduler.redis_io import RedisIO
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.status_reporter import link_status
-from pagedserve.services.scheduler.step_loop import StepLoop
+from pagedserve.services.scheduler.step_loop import StepLoop, StepLoopConfig
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.keys import RedisKeys
@@ -59,6 +59,15 @@ class EngineLoopConfig:
     drain_timeout_s: float = 5.0  # on SIGTERM: how long running requests may finish
     worker_recovery_timeout_s: float = 60.0  # workers lost this long: fail unfinished requests
     gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
+
+    def step_loop_config(self) -> StepLoopConfig:
+        return StepLoopConfig(
+            engine_id=self.engine_id,
+            step_timeout_s=self.step_timeout_s,
+            drain_timeout_s=self.drain_timeout_s,
+            worker_recovery_timeout_s=self.worker_recovery_timeout_s,
+            gateway_check_interval_s=self.gateway_check_interval_s,
+        )
 
 
 class EngineLoop:
@@ -90,7 +99,15 @@ class EngineLoop:
             logger.info("scheduler ready (engine %s)", self.config.engine_id)
             scheduler = await self.attach()
             if scheduler is not None:
-                self.serving = StepLoop(self, scheduler)
+                self.serving = StepLoop(
+                    self.config.step_loop_config(),
+                    scheduler,
+                    io=self.io,
+                    link=self.link,
+                    intake=self.intake,
+                    backoff=self.backoff,
+                    stopping=self.stopping,
+                )
                 await self.serving.run()
         finally:
             await self.link.close()

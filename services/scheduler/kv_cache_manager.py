@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 
 from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
 from pagedserve.services.scheduler.cache_changes import CacheDelta
-from pagedserve.services.scheduler.integrity_checker import check_kv_integrity
 from pagedserve.services.scheduler.request import Request
 from pagedserve.shared.block_hash import hash_block, max_hit_blocks
 
@@ -54,7 +53,28 @@ class KVCacheManager:
     def check_integrity(self, running: Iterable[Request]) -> None:
         """Raise AssertionError naming the first broken invariant of the tables (held only by
         `running` requests, each big enough) and of the pool beneath. Walks every block."""
-        check_kv_integrity(self, self._tables, list(running))
+        running = list(running)
+        stray = set(self._tables) - {r.request_id for r in running}
+        assert not stray, f"block tables of requests not running: {sorted(stray)}"
+        self.pool.check_integrity(self._tables.values())
+        for request in running:
+            self._check_table(request, self._tables.get(request.request_id, []))
+
+    def _check_table(self, r: Request, table: list[KVBlock]) -> None:
+        ids = [b.block_id for b in table]
+        assert len(set(ids)) == len(ids), f"{r.request_id}'s table repeats blocks: {ids}"
+        assert len(table) * self.block_size >= r.num_computed_tokens, (
+            f"{r.request_id}'s table of {len(table)} blocks cannot hold its "
+            f"{r.num_computed_tokens} computed tokens"
+        )
+        # while a step is out, its draft tokens count as computed beyond the known tokens
+        assert r.num_computed_tokens <= r.num_tokens + r.num_draft_tokens, (
+            f"{r.request_id} computed {r.num_computed_tokens} of {r.num_tokens} tokens "
+            f"and {r.num_draft_tokens} drafts"
+        )
+        assert r.num_sent_blocks == len(table), (
+            f"{r.request_id}: workers know {r.num_sent_blocks} blocks, table has {len(table)}"
+        )
 
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest cached prefix of `request`'s full blocks, and how many tokens it covers.

@@ -7,20 +7,11 @@ the requests batched with it. A bad request is rejected with a message naming wh
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from pagedserve.services.scheduler.errors import RequestRejectedError
 from pagedserve.shared.protocol import GenerateRequest, SamplingParams
-
-INT64_MIN, INT64_MAX = -(1 << 63), (1 << 63) - 1  # seeds too: the gateway sends int64 seeds
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_real(value: object) -> bool:
-    return (_is_int(value) or isinstance(value, float)) and math.isfinite(value)  # type: ignore[arg-type]
+from pagedserve.shared.request_bounds import INT64_MAX, INT64_MIN
+from pagedserve.shared.value_checks import is_finite_number, is_int
 
 
 def _type_problem(name: str, kind: str, value: object) -> str | None:
@@ -30,14 +21,14 @@ def _type_problem(name: str, kind: str, value: object) -> str | None:
     if optional and value is None:
         return None
     kind = kind.removesuffix(" | None")
-    if kind == "float" and not _is_real(value):
+    if kind == "float" and not is_finite_number(value):
         return f"{name} must be a finite number, got {value!r}"
-    if kind == "int" and not (_is_int(value) and INT64_MIN <= value <= INT64_MAX):  # type: ignore[operator]
+    if kind == "int" and not (is_int(value) and INT64_MIN <= value <= INT64_MAX):  # type: ignore[operator]
         return f"{name} must be a 64-bit integer, got {value!r}"
     if kind == "bool" and not isinstance(value, bool):
         return f"{name} must be a boolean, got {value!r}"
     if kind == "tuple[int, ...]" and not (
-        isinstance(value, tuple) and all(_is_int(v) for v in value)
+        isinstance(value, tuple) and all(is_int(v) for v in value)
     ):
         return f"{name} must be a list of integers, got {value!r}"
     return None
@@ -78,7 +69,7 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
     Lengths against the engine's limits: `check_fits`."""
     rid = request.request_id
     prompt = request.prompt_token_ids
-    if not isinstance(prompt, list) or not all(_is_int(t) for t in prompt):
+    if not isinstance(prompt, list) or not all(is_int(t) for t in prompt):
         raise RequestRejectedError(f"request {rid!r}: prompt_token_ids must be a list of integers")
     if vocab_size > 0:
         outside = [t for t in prompt if not 0 <= t < vocab_size]
@@ -89,7 +80,7 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
             )
     elif any(t < 0 for t in prompt):
         raise RequestRejectedError(f"request {rid!r}: prompt token ids must be >= 0")
-    if not _is_int(request.priority):
+    if not is_int(request.priority):
         raise RequestRejectedError(f"request {rid!r}: priority must be an integer")
     if not isinstance(request.sampling, SamplingParams):
         raise RequestRejectedError(f"request {rid!r}: sampling is not a SamplingParams")

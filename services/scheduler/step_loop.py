@@ -1,5 +1,10 @@
 """The step loop of an attached engine (the Scheduler is built), and the parts around it:
-see `engine_loop.py` for the shape of one step."""
+see `engine_loop.py` for the shape of one step.
+
+The engine loop hands it its parts explicitly: the engine's Redis IO, worker link, intake,
+backoff and stop event (which outlive it), the Scheduler, and the few settings it reads
+(`StepLoopConfig`). It builds what lives only while it serves: the outbox, the ledger, the
+step clock, the status reporter and the cache publisher."""
 
 from __future__ import annotations
 
@@ -7,14 +12,16 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
+from pagedserve.services.scheduler.backoff import RedisBackoff
 from pagedserve.services.scheduler.cache_publisher import CachePublisher
+from pagedserve.services.scheduler.intake import Intake
 from pagedserve.services.scheduler.ledger import Ledger
 from pagedserve.services.scheduler.outbox import Outbox
-from pagedserve.services.scheduler.redis_io import StreamEntry
+from pagedserve.services.scheduler.redis_io import RedisIO, StreamEntry
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.status_reporter import StatusReporter
 from pagedserve.services.scheduler.step_clock import StepClock
@@ -23,11 +30,9 @@ from pagedserve.services.scheduler.watchers import (
     claim_abandoned_forever,
     watch_gateways_forever,
 )
+from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.services.scheduler.worker_recovery import recover_workers
 from pagedserve.shared.tasks import cancel_and_wait
-
-if TYPE_CHECKING:
-    from pagedserve.services.scheduler.engine_loop import EngineLoop
 
 logger = logging.getLogger(__name__)
 
@@ -35,26 +40,44 @@ READ_COUNT = 64  # request entries taken per read, at most
 IDLE_BLOCK_MS = 100  # blocking read when there is nothing to run
 
 
+@dataclass(frozen=True)
+class StepLoopConfig:
+    """What the step loop reads of the engine's settings (their defaults and meaning:
+    `EngineLoopConfig`, which makes this one)."""
+
+    engine_id: str
+    step_timeout_s: float
+    drain_timeout_s: float
+    worker_recovery_timeout_s: float
+    gateway_check_interval_s: float
+
+
 class StepLoop:
     """The step loop of an attached engine, and the parts around it."""
 
-    def __init__(self, engine: EngineLoop, scheduler: Scheduler) -> None:
-        self.config = engine.config
+    def __init__(
+        self,
+        config: StepLoopConfig,
+        scheduler: Scheduler,
+        *,
+        io: RedisIO,
+        link: WorkerLink,
+        intake: Intake,
+        backoff: RedisBackoff,
+        stopping: asyncio.Event,
+    ) -> None:
+        self.config = config
         self.scheduler = scheduler
-        self.link = engine.link
-        self.io = engine.io
-        self.intake = engine.intake
-        self.stopping = engine.stopping
-        self.backoff = engine.backoff
-        self.outbox = Outbox(engine.io, engine.backoff)
-        self.ledger = Ledger(scheduler, self.outbox, self.config.engine_id)
+        self.link = link
+        self.io = io
+        self.intake = intake
+        self.stopping = stopping
+        self.backoff = backoff
+        self.outbox = Outbox(io, backoff)
+        self.ledger = Ledger(scheduler, self.outbox, config.engine_id)
         self.clock = StepClock()
-        self.status = StatusReporter(
-            engine.io, engine.link, scheduler, self.ledger, self.stopping, self.clock
-        )
-        self.cache_publisher = CachePublisher(
-            engine.redis, engine.io.keys, self.config.engine_id, scheduler.kv
-        )
+        self.status = StatusReporter(io, link, scheduler, self.ledger, stopping, self.clock)
+        self.cache_publisher = CachePublisher(io.redis, io.keys, config.engine_id, scheduler.kv)
 
     async def run(self) -> None:
         tasks = [

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 import torch
 
 from pagedserve.kernels import (
-    cpu_build,
     cpu_kv_write,
     cpu_paged_attention,
     cpu_rms_norm,
@@ -37,6 +36,7 @@ from pagedserve.services.gpu_worker.attention.torch_backend import (
 )
 from pagedserve.services.gpu_worker.layers.cpu_prepack import Bf16Packing
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
+from pagedserve.shared.options import switch_on
 
 if TYPE_CHECKING:
     from pagedserve.services.gpu_worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
@@ -136,7 +136,7 @@ class CpuFusedForward:
         embed = model.embed_tokens.weight
         first = model.layers[0].self_attn
         if (
-            cpu_build.switched_off(SWITCH)
+            not switch_on(SWITCH)
             or embed.device.type != "cpu"
             or embed.dtype != torch.bfloat16
             or get_tp_world_size() != 1

@@ -21,20 +21,27 @@ class FakeClient:
         self.stall = asyncio.Event()
         self.stall.set()
         self.fail = False
+        self.unreadable = False
 
     async def engine_statuses(self) -> list[EngineStatus]:
         await self.stall.wait()
         if self.fail:
             raise RedisConnectionError("Connection refused")
+        if self.unreadable:
+            raise ValueError("field time: 'soon' is not a number")
         return [EngineStatus(engine_id="e0", time=time.time(), workers_alive=True)]
 
     async def process_restarts(self) -> dict[str, int]:
         return {"worker0": 1}
 
 
+def view_of(client: FakeClient) -> EngineStatusView:
+    return EngineStatusView(client.engine_statuses, client.process_restarts)
+
+
 def test_the_view_serves_the_last_good_read() -> None:
     async def main() -> None:
-        view = EngineStatusView(FakeClient())  # type: ignore[arg-type]
+        view = view_of(FakeClient())
         await view.refresh()
         snapshot = await view.current()
         assert [s.engine_id for s in snapshot.statuses] == ["e0"]
@@ -46,7 +53,7 @@ def test_the_view_serves_the_last_good_read() -> None:
 def test_a_failed_read_is_reported_until_a_good_one() -> None:
     async def main() -> None:
         client = FakeClient()
-        view = EngineStatusView(client)  # type: ignore[arg-type]
+        view = view_of(client)
         await view.refresh()
         client.fail = True
         await view.refresh()
@@ -66,7 +73,7 @@ def test_a_stalled_read_is_reported_at_once_without_waiting(
 
     async def main() -> None:
         client = FakeClient()
-        view = EngineStatusView(client)  # type: ignore[arg-type]
+        view = view_of(client)
         await view.refresh()
         client.stall.clear()  # Redis stopped (SIGSTOP)
         reader = asyncio.create_task(view.refresh())
@@ -92,7 +99,7 @@ def test_a_probe_before_the_first_read_waits_briefly_for_it(
     async def main() -> None:
         client = FakeClient()
         client.stall.clear()
-        view = EngineStatusView(client)  # type: ignore[arg-type]
+        view = view_of(client)
         reader = asyncio.create_task(view.refresh())
         with pytest.raises(RedisError, match="no answer"):
             await view.current()
@@ -106,16 +113,12 @@ def test_a_probe_before_the_first_read_waits_briefly_for_it(
 def test_an_unreadable_record_is_reported_and_the_view_lives_on() -> None:
     async def main() -> None:
         client = FakeClient()
-        view = EngineStatusView(client)  # type: ignore[arg-type]
-
-        async def broken() -> list[EngineStatus]:
-            raise ValueError("field time: 'soon' is not a number")
-
-        client.engine_statuses = broken  # type: ignore[method-assign]
+        view = view_of(client)
+        client.unreadable = True
         await view.refresh()
         with pytest.raises(RedisError, match="unreadable engine status: field time"):
             await view.current()
-        del client.engine_statuses  # the class's method again
+        client.unreadable = False
         await view.refresh()
         assert (await view.current()).statuses
 

@@ -89,3 +89,19 @@ def test_prefix_caching_disabled_caches_nothing() -> None:
 def test_num_blocks_must_be_positive() -> None:
     with pytest.raises(ValueError, match="num_blocks must be >= 1, got 0"):
         BlockPool(0)
+
+
+def test_pool_integrity_holds_and_names_each_broken_invariant() -> None:
+    pool = BlockPool(4)
+    table = pool.get_new_blocks(2)
+    pool.cache_full_block(table[0], hash_block(None, [1, 2]))
+    pool.check_integrity([table])
+    with pytest.raises(AssertionError, match="block 1 has ref_count 1 but 0 block tables"):
+        pool.check_integrity([table[:1]])  # a table forgot a block it holds: a leak
+    pool.touch(table[1:])  # a second reference on an uncached block
+    with pytest.raises(AssertionError, match="shared by 2 tables but not cached"):
+        pool.check_integrity([table, table[1:]])
+    pool.free_blocks(table[1:])
+    table[0].block_hash = hash_block(None, [3, 4])  # the map still files it under [1, 2]
+    with pytest.raises(AssertionError, match="cache map points hash"):
+        pool.check_integrity([table])

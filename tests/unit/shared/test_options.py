@@ -4,6 +4,8 @@ line come from `shared/options.py`."""
 from __future__ import annotations
 
 import argparse
+import re
+from pathlib import Path
 
 import pytest
 
@@ -12,7 +14,16 @@ from pagedserve.services.cli.launch_plan import Ports, ServeOptions, plan_launch
 from pagedserve.services.gateway.__main__ import GATEWAY_OPTIONS
 from pagedserve.services.gpu_worker.__main__ import build_parser as worker_parser
 from pagedserve.services.scheduler.__main__ import build_parser as scheduler_parser
-from pagedserve.shared.options import OPTIONS, Option, add_options, option_argv, optional_int, use
+from pagedserve.shared.options import (
+    CPU_SWITCHES,
+    OPTIONS,
+    Option,
+    add_options,
+    option_argv,
+    optional_int,
+    switch_on,
+    use,
+)
 
 GENERATE_OWN_FLAGS = {"--prompts", "--output", "--max-tokens", "--temperature", "--top-p",
                       "--seed", "--ignore-eos", "--help"}  # fmt: skip
@@ -107,3 +118,25 @@ def test_use_adjusts_one_parser_without_touching_the_table() -> None:
 @pytest.mark.parametrize(("text", "value"), [("", None), ("none", None), ("None", None), ("8", 8)])
 def test_optional_int(text: str, value: int | None) -> None:
     assert optional_int(text) == value
+
+
+def test_every_cpu_switch_read_anywhere_is_declared_in_the_table() -> None:
+    """Every `PAGEDSERVE_CPU_*` name in the product is one of `CPU_SWITCHES`, and each of
+    those is read somewhere (no stale entry)."""
+    checkout = Path(__file__).resolve().parents[3]
+    named = set()
+    for folder in ("services", "shared", "kernels"):
+        for path in (checkout / folder).rglob("*.py"):
+            if path.name != "options.py":
+                named |= set(re.findall(r"PAGEDSERVE_CPU_[A-Z0-9_]+", path.read_text()))
+    assert named == set(CPU_SWITCHES)
+
+
+def test_a_cpu_switch_is_on_unless_turned_off(monkeypatch) -> None:
+    monkeypatch.delenv("PAGEDSERVE_CPU_NORM_KERNEL", raising=False)
+    assert switch_on("PAGEDSERVE_CPU_NORM_KERNEL")
+    for off in ("0", "false", "No", "off"):
+        monkeypatch.setenv("PAGEDSERVE_CPU_NORM_KERNEL", off)
+        assert not switch_on("PAGEDSERVE_CPU_NORM_KERNEL")
+    monkeypatch.setenv("PAGEDSERVE_CPU_NORM_KERNEL", "1")
+    assert switch_on("PAGEDSERVE_CPU_NORM_KERNEL")

@@ -1,0 +1,114 @@
+"""Where every live request of a scheduler is, and the moves both halves of a step make.
+
+A live request is in `requests` and in exactly one of `waiting` (holding no block) and
+`running` (in admission order, the newest last, holding its block table in `kv`). Planning a
+step (step_planner.py) admits and preempts; applying its result (result_applier.py) finishes.
+Both tell the workers what changed through the ids this object keeps for the next plan.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+
+from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.request_queue import BaseRequestQueue
+from pagedserve.shared.protocol import TokenDelta
+
+RUNNING = RequestStatus.RUNNING
+
+
+class RequestSets:
+    def __init__(self, kv: KVCacheManager, waiting: BaseRequestQueue) -> None:
+        self.kv = kv
+        self.waiting = waiting
+        self.running: list[Request] = []  # in admission order: the newest is last
+        self.requests: dict[str, Request] = {}  # every live (waiting or running) request
+        self.finished_requests: deque[Request] = deque(maxlen=4096)  # timelines, for metrics
+        self.finished_ids: list[str] = []  # for the next plan
+        self.preempted_ids: list[str] = []  # for the next plan
+        self.num_preemptions = 0
+        self.num_finished = 0
+
+    def add(self, request: Request) -> None:
+        """Queue a new request (`QueueFullError` if the waiting queue is full)."""
+        self.waiting.add_request(request)
+        self.requests[request.request_id] = request
+
+    def take_notices(self) -> tuple[list[str], list[str]]:
+        """The ids finished and preempted since the last plan, for the next one."""
+        notices = self.finished_ids, self.preempted_ids
+        self.finished_ids, self.preempted_ids = [], []
+        return notices
+
+    def preempt(self, request: Request) -> None:
+        """Free the request's blocks and put it back at the head of the waiting queue, to be
+        recomputed from its first token. The caller has taken it out of `running`."""
+        self.kv.free(request)
+        request.status = RequestStatus.WAITING
+        request.num_computed_tokens = 0
+        request.num_sent_tokens = 0
+        request.num_sent_blocks = 0
+        request.num_draft_tokens = 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.push_front(request)
+        self.preempted_ids.append(request.request_id)
+
+    def preempt_all_running(self) -> int:
+        """Every running request back to the head of the waiting queue, in its order."""
+        victims, self.running = self.running, []
+        for request in reversed(victims):
+            self.preempt(request)
+        return len(victims)
+
+    def finish(self, request: Request, reason: str, **delta_fields) -> TokenDelta:
+        """Free the request and forget it; returns its last delta. A running request stays in
+        `running` until `drop_finished_from_running` (one pass for a whole step)."""
+        request.status = RequestStatus.FINISHED
+        request.finish_reason = reason
+        request.finish_time = time.time()
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self.finished_requests.append(request)
+        self.finished_ids.append(request.request_id)
+        self.num_finished += 1
+        delta_fields.setdefault("token_ids", [])
+        return TokenDelta(
+            request_id=request.request_id,
+            finish_reason=reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=request.num_output_tokens,
+            num_cached_tokens=max(request.num_cached_tokens, 0),
+            **delta_fields,
+        )
+
+    def drop_finished_from_running(self) -> None:
+        if any(r.status is not RUNNING for r in self.running):
+            self.running = [r for r in self.running if r.status is RUNNING]
+
+    def check_integrity(self, max_num_seqs: int) -> None:
+        """Raise AssertionError naming the first broken invariant of the sets, then of the KV
+        cache beneath them. O(blocks + requests)."""
+        waiting_ids = [r.request_id for r in self.waiting]
+        running_ids = [r.request_id for r in self.running]
+        assert len(set(waiting_ids)) == len(waiting_ids), f"duplicate waiting ids: {waiting_ids}"
+        assert len(set(running_ids)) == len(running_ids), f"duplicate running ids: {running_ids}"
+        both = set(waiting_ids) & set(running_ids)
+        assert not both, f"requests both waiting and running: {sorted(both)}"
+        live = set(waiting_ids) | set(running_ids)
+        assert live == set(self.requests), (
+            f"live requests {sorted(self.requests)} != waiting + running {sorted(live)}"
+        )
+        for r in self.waiting:
+            assert r.status is RequestStatus.WAITING, f"{r.request_id} waiting with {r.status}"
+            assert self.kv.num_blocks_held(r.request_id) == 0, (
+                f"waiting request {r.request_id} holds blocks"
+            )
+        for r in self.running:
+            assert r.status is RUNNING, f"{r.request_id} running with {r.status}"
+        assert len(self.running) <= max_num_seqs, (
+            f"{len(self.running)} running > max_num_seqs {max_num_seqs}"
+        )
+        self.kv.check_integrity(self.running)

@@ -1,0 +1,195 @@
+"""What a step runs: the plan the workers are sent.
+
+Each step runs the running sequences first (one decode token each, plus drafts in a pure
+decode step, or the next chunk of a partially prefilled prompt), then admits waiting ones
+(prefix-cache hits first), within `max_num_seqs` and `max_num_batched_tokens`. A running
+sequence that needs a block when none is free preempts the newest running sequence (itself,
+if it is the newest; under the priority policy the lowest-priority one, even one already
+planned this step, which is then taken out of the plan): its blocks are freed and it goes back
+to the head of the waiting queue, to be recomputed later. A plan is never sent without every
+block it needs already allocated. The workers hear of a sequence in full once
+(`NewSequence`), then only of what is new (`CachedSequence`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from pagedserve.services.scheduler.request import Request, RequestStatus
+from pagedserve.services.scheduler.request_sets import RequestSets
+from pagedserve.services.scheduler.speculation import draft_tokens
+from pagedserve.shared.config import SchedulerConfig
+from pagedserve.shared.protocol import CachedSequence, NewSequence, StepPlan
+
+RUNNING = RequestStatus.RUNNING
+
+
+class StepPlanner:
+    def __init__(self, config: SchedulerConfig, sets: RequestSets) -> None:
+        self.config = config
+        self.sets = sets
+        self.kv = sets.kv
+        self._next_step_id = 0
+        self.num_prefix_cache_queries = 0  # prompt tokens looked up at admission
+        self.num_prefix_cache_hits = 0  # of those, found in the prefix cache
+
+    def schedule(self) -> StepPlan:
+        step_id = self._next_step_id
+        self._next_step_id += 1
+        num_preempted_before = self.sets.num_preemptions
+        token_budget = self.config.max_num_batched_tokens
+        cached_seqs, token_budget = self._schedule_running(step_id, token_budget)
+        new_seqs: list[NewSequence] = []
+        # Admitting while preempting would only thrash: the freed blocks go to the running.
+        if self.sets.num_preemptions == num_preempted_before:
+            new_seqs = self._schedule_waiting(step_id, token_budget)
+        new_ids = {s.seq_id for s in new_seqs}
+        finished_ids, preempted_ids = self.sets.take_notices()
+        return StepPlan(
+            step_id=step_id,
+            new_seqs=new_seqs,
+            cached_seqs=cached_seqs,
+            finished_seq_ids=finished_ids,
+            # A NewSequence replaces whatever a worker holds under its id.
+            preempted_seq_ids=[i for i in preempted_ids if i not in new_ids],
+        )
+
+    # -- the running ---------------------------------------------------------------------------
+
+    def _may_speculate(self) -> bool:
+        """Drafts only in a pure decode step of few enough sequences: while a prompt waits or
+        is part-way through its prefill, drafts would take its share of the step's token
+        budget and arithmetic, and delay its first token."""
+        running = self.sets.running
+        return (
+            0 < len(running) <= self.config.speculative_max_num_seqs
+            and len(self.sets.waiting) == 0
+            and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in running)
+        )
+
+    def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
+        running = self.sets.running  # only changed in place while planning
+        planned: dict[str, CachedSequence] = {}  # in running order
+        num_done = 0  # running[:num_done] are dealt with this step
+        speculate = self._may_speculate()
+        while num_done < len(running) and token_budget > 0:
+            request = running[num_done]
+            num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
+            drafts = self._drafts(request, token_budget) if speculate and num_new == 1 else []
+            num_new += len(drafts)
+            if num_new > 0:  # else its sample is still in flight
+                for victim, index in self._allocate_or_preempt(request, num_new):
+                    num_done -= index < num_done
+                    unplanned = planned.pop(victim.request_id, None)
+                    if unplanned is not None:  # preempted after it was planned this step
+                        token_budget += unplanned.num_scheduled_tokens
+                if request.status is not RUNNING:
+                    continue  # it preempted itself; running[num_done] is now the next one
+                token_budget -= num_new
+                planned[request.request_id] = self._cached_seq(request, num_new, step_id, drafts)
+            num_done += 1
+        return list(planned.values()), token_budget
+
+    def _drafts(self, request: Request, token_budget: int) -> list[int]:
+        """Speculative tokens for a request in decode, within the step's token budget."""
+        room = min(self.config.num_speculative_tokens, token_budget - 1)
+        return draft_tokens(request, room, self.config.max_model_len)
+
+    def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
+        """Allocate `request`'s slots, preempting victims until they fit; returns each victim
+        with its index in `running` before it left (the request itself last, if it went)."""
+        victims = []
+        running = self.sets.running
+        while self.kv.allocate_slots(request, num_new) is None:
+            victim = self._pick_victim()
+            index = running.index(victim)
+            del running[index]
+            self.sets.preempt(victim)
+            victims.append((victim, index))
+            if victim is request:
+                break
+        return victims
+
+    def _pick_victim(self) -> Request:
+        """fcfs: the newest running request. priority: the lowest priority (largest value),
+        newest among equals, among all running ones - planned this step or not (vLLM)."""
+        if self.config.policy == "priority":
+            return max(self.sets.running, key=lambda r: (r.priority, r.arrival_index))
+        return self.sets.running[-1]
+
+    # -- the waiting ---------------------------------------------------------------------------
+
+    def _schedule_waiting(self, step_id: int, token_budget: int) -> list[NewSequence]:
+        waiting, running = self.sets.waiting, self.sets.running
+        new_seqs: list[NewSequence] = []
+        while waiting and token_budget > 0 and len(running) < self.config.max_num_seqs:
+            request = waiting.peek()
+            hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            num_new = request.num_tokens - num_hit
+            if num_new > token_budget:
+                if not self.config.enable_chunked_prefill:
+                    break
+                num_new = token_budget
+            if self.kv.allocate_slots(request, num_new, hit_blocks) is None:
+                break  # head-of-line: later requests do not overtake it
+            waiting.pop()
+            self._admit(request, num_hit)
+            token_budget -= num_new
+            new_seqs.append(self._new_seq(request, num_new, step_id))
+        return new_seqs
+
+    def _admit(self, request: Request, num_hit: int) -> None:
+        request.status = RUNNING
+        request.num_computed_tokens = num_hit
+        self.num_prefix_cache_queries += request.num_tokens
+        self.num_prefix_cache_hits += num_hit
+        if request.num_cached_tokens < 0:
+            request.num_cached_tokens = num_hit
+        if request.first_scheduled_time is None:
+            request.first_scheduled_time = time.time()
+        self.sets.running.append(request)
+
+    # -- what the workers are told -------------------------------------------------------------
+
+    def _new_seq(self, request: Request, num_new: int, step_id: int) -> NewSequence:
+        block_ids = self.kv.get_block_ids(request.request_id)
+        seq = NewSequence(
+            seq_id=request.request_id,
+            token_ids=list(request.all_token_ids),
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
+            block_ids=block_ids,
+            sampling=request.sampling,
+        )
+        _mark_sent(request, num_new, len(block_ids), step_id)
+        return seq
+
+    def _cached_seq(
+        self, request: Request, num_new: int, step_id: int, drafts: list[int]
+    ) -> CachedSequence:
+        num_blocks = self.kv.num_blocks_held(request.request_id)
+        new_block_ids = (
+            self.kv.get_block_ids(request.request_id, start=request.num_sent_blocks)
+            if request.num_sent_blocks < num_blocks
+            else []
+        )
+        seq = CachedSequence(
+            seq_id=request.request_id,
+            new_token_ids=request.all_token_ids[request.num_sent_tokens :],
+            new_block_ids=new_block_ids,
+            num_computed_tokens=request.num_computed_tokens,
+            num_scheduled_tokens=num_new,
+            draft_token_ids=drafts,
+        )
+        _mark_sent(request, num_new, num_blocks, step_id)
+        request.num_draft_tokens = len(drafts)
+        return seq
+
+
+def _mark_sent(request: Request, num_new: int, num_blocks: int, step_id: int) -> None:
+    request.num_sent_tokens = len(request.all_token_ids)
+    request.num_sent_blocks = num_blocks
+    request.num_computed_tokens += num_new
+    request.scheduled_step_id = step_id
+    request.num_draft_tokens = 0
