@@ -33,6 +33,7 @@ from pagedserve.services.gpu_worker.kv_cache import (
     DEFAULT_CPU_KV_CACHE_BYTES,
     allocate_kv_caches,
     block_bytes,
+    copy_blocks,
     num_blocks_for_bytes,
 )
 from pagedserve.services.gpu_worker.model_loader import load_model
@@ -304,6 +305,7 @@ class ModelRunner:
         """Run one step plan; see the module docstring."""
         start = time.perf_counter()
         scheduled = self._apply_plan(plan)
+        copy_blocks(self.kv_caches, plan.block_copies)  # before the step writes into them
         if not scheduled:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
