@@ -123,6 +123,27 @@ def test_engines_show_cached_blocks_and_routed_queue(redis_client: redis.Redis) 
     assert engine0_line.split()[-5:-3] == ["3", "2"], engine0_line  # then "N.N s ago"
 
 
+def test_requests_routed_to_an_engine_count_in_the_queue_and_in_flight(
+    redis_client: redis.Redis,
+) -> None:
+    make_queue(redis_client, num_queued=1, num_taken={})  # one on the shared stream, untaken
+    write_engine(redis_client, "engine0")
+    routed = KEYS.routed_requests("engine0")
+    redis_client.xgroup_create(routed, ENGINE_GROUP, id="0", mkstream=True)
+    for request_id in ("routed-0", "routed-1"):
+        request = GenerateRequest(request_id, [1, 2], SamplingParams(), gateway_id="gw0")
+        redis_client.xadd(routed, {"m": encode(request)})
+    redis_client.xreadgroup(ENGINE_GROUP, "engine0", {routed: ">"}, count=1)
+    snap = read_queue(redis_client, NS)
+    stream = snap["stream"]
+    assert (stream["length"], stream["pending"], stream["undelivered"]) == (3, 1, 2)
+    assert stream["routed_keys"] == [routed]
+    assert [r["request_id"] for r in snap["in_flight"]] == ["routed-0"]
+    assert snap["consumers"] == [
+        {"name": "engine0", "pending": 1, "idle_s": snap["consumers"][0]["idle_s"]}
+    ]
+
+
 def test_gateways_alive_by_heartbeat_key(redis_client: redis.Redis) -> None:
     redis_client.sadd(KEYS.gateways, "gw0", "gw1")
     redis_client.set(KEYS.gateway("gw0"), "1", ex=10)
