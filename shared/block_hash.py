@@ -85,10 +85,13 @@ def _is_valid_token_id(token_id: object) -> bool:
 
 
 def prefix_block_hashes(
-    token_ids: Sequence[int], block_size: int, num_blocks: int | None = None
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int | None = None,
+    cache_salt: str | None = None,
 ) -> list[bytes]:
     """The chained digests of the first `num_blocks` full blocks of `token_ids` (default:
-    every full block), the keys under which an engine caches that prefix."""
+    every full block) under `cache_salt`, the keys under which an engine caches that prefix."""
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     num_full = len(token_ids) // block_size
@@ -96,7 +99,7 @@ def prefix_block_hashes(
     hashes: list[bytes] = []
     parent = None
     for i in range(num_blocks):
-        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size])
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], cache_salt)
         hashes.append(parent)
     return hashes
 

@@ -162,9 +162,8 @@ class Router:
         tokens = request.prompt_token_ids
         members: dict[int, list[bytes]] = {}
         for block_size in {s.block_size for s in live}:
-            hashes = prefix_block_hashes(
-                tokens, block_size, max_hit_blocks(len(tokens), block_size)
-            )
+            num_blocks = max_hit_blocks(len(tokens), block_size)
+            hashes = prefix_block_hashes(tokens, block_size, num_blocks, request.cache_salt)
             members[block_size] = [summary_member(h) for h in hashes]
         return members
 

@@ -5,6 +5,7 @@ same shared function, and the choice follows the cache, then the load."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import pytest
@@ -49,10 +50,17 @@ def serve(scheduler: Scheduler, prompt: list[int], request_id: str) -> None:
         run_step(scheduler, worker)
 
 
-def route(client: aioredis.Redis, view: FixedStatusView, policy: str, prompt: list[int]):
+def route(
+    client: aioredis.Redis,
+    view: FixedStatusView,
+    policy: str,
+    prompt: list[int],
+    cache_salt: str | None = None,
+):
     async def plan():
         router = Router(client, KEYS, view, policy)  # type: ignore[arg-type]
-        return await router.plan([make_request("q", prompt)])
+        request = dataclasses.replace(make_request("q", prompt), cache_salt=cache_salt)
+        return await router.plan([request])
 
     return asyncio.get_event_loop().run_until_complete(plan())
 
@@ -79,6 +87,8 @@ def test_requests_follow_the_engine_that_holds_their_prefix(client: aioredis.Red
     plan = route(client, view, "cache", [*TENANT_A, 99, 98])
     assert plan.streams == [KEYS.routed_requests("e1")]
     assert plan.choices[0].reason == REASON_CACHE and plan.choices[0].hit_tokens == 16
+    salted = route(client, view, "cache", [*TENANT_A, 99, 98], cache_salt="tenant-x")
+    assert salted.choices[0].reason == REASON_LOAD  # another salt: another cache namespace
     other = route(client, view, "cache", [*TENANT_B, 99])
     assert other.streams == [KEYS.routed_requests("e2")]
     assert other.choices[0].reason == REASON_LOAD
