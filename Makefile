@@ -59,7 +59,7 @@ test-compose: install
 
 # pagedserve across hosts made of network namespaces (README "Across hosts"): Redis primary,
 # replica and three sentinels, two engine hosts, a gateway host; link and host failures under
-# load. Needs root and iproute2 (ip, tc); about 4 minutes: not part of `make test`.
+# load. Needs root and iproute2 (ip, tc); 2-4 minutes: not part of `make test`.
 test-multihost: install
 	$(BIN)/python -P -m pytest -m multihost tests/multihost -v $(PYTEST_ARGS)
 

@@ -185,12 +185,20 @@ class MultiHost:
             "--gateway-id", f"gw-{index}", "--max-model-len", str(MAX_MODEL_LEN),
         ])  # fmt: skip
 
-    def pause_schedulers(self, paused: bool) -> None:
-        """SIGSTOP (or SIGCONT) both schedulers: engines stalled, reading nothing new."""
-        for engine_id in ENGINES.values():
+    def pause_schedulers(self, paused: bool, engine_ids: tuple[str, ...] = ()) -> None:
+        """SIGSTOP (or SIGCONT) schedulers (default: both): engines stalled, reading nothing
+        new, their delivered requests still pending."""
+        for engine_id in engine_ids or tuple(ENGINES.values()):
             process = self.processes[f"scheduler-{engine_id}"].process
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+
+    def pending(self) -> dict[str, int]:
+        """Delivered, un-ACKed requests per engine (the consumer group's view)."""
+        done = self.queue("--json")
+        if done.returncode != 0:
+            return {}
+        return {c["name"]: c["pending"] for c in json.loads(done.stdout)["consumers"]}
 
     def stop(self) -> None:
         self.pause_schedulers(False)

@@ -176,10 +176,22 @@ def requeued_counts(cluster: MultiHost) -> int | None:
     return found
 
 
+def freeze_holding_requests(cluster: MultiHost) -> bool:
+    cluster.pause_schedulers(True, ("engine0",))
+    if cluster.pending().get("engine0", 0) > 0:
+        return True
+    cluster.pause_schedulers(False, ("engine0",))
+    time.sleep(0.3)
+    return False
+
+
 def test_engine_host_dies(cluster: MultiHost, reference) -> None:
     run = cluster.load(PROMPTS, MAX_TOKENS, 12)
-    both_busy = lambda: all(e.get("num_running", 0) > 0 for e in cluster.engines().values())
-    cluster.wait_until("both engines running requests", both_busy, 120)
+    wait_for_pieces(cluster, run, 50)
+    # The host freezes, then dies: frozen, its scheduler's requests stay pending, so it is
+    # killed holding some (a request lasts a second or two; an engine may hold none at times).
+    frozen = lambda: freeze_holding_requests(cluster)
+    cluster.wait_until("engine0 frozen with requests pending", frozen, 120)
     engine_a = cluster.host("engine-a")
     died_at = time.time()
     engine_a.kill_everything()
