@@ -2,7 +2,8 @@
 allocation, caching full blocks as they fill, and freeing.
 
 The scheduler talks to it in verbs and block ids only (`get_computed_blocks`,
-`allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`): the tables
+`allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`; the cache
+publisher: `take_cache_changes`, `cached_block_hashes`): the tables
 and the pool stay inside, and `check_integrity` checks them here, where they live.
 
 Sliding windows (vLLM v1's `SlidingWindowManager`, for one block table shared by every layer):
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedserve.services.scheduler.block_hash import hash_block
 from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
+from pagedserve.services.scheduler.cache_changes import CacheDelta
 from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.block_hash import hash_block, max_hit_blocks
 
 SKIPPED_BLOCK_ID = 0  # what a worker is told for a table entry given back (it never reads it)
 
@@ -63,6 +65,14 @@ class KVCacheManager:
 
     def num_blocks_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
+
+    def take_cache_changes(self) -> CacheDelta:
+        """Block digests cached and evicted since the last call (or: publish them all)."""
+        return self.pool.changes.take()
+
+    def cached_block_hashes(self) -> list[bytes]:
+        """The digest of every block in the prefix cache now."""
+        return list(self.pool.cached_blocks)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (the blocks' contents are no longer trusted)."""
@@ -116,10 +126,10 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed (as vLLM)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        self._extend_hashes(request, max_hit_blocks)
+        num_hit_max = max_hit_blocks(request.num_tokens, self.block_size)
+        self._extend_hashes(request, num_hit_max)
         hit_blocks = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        for block_hash in request.block_hashes[:num_hit_max]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
