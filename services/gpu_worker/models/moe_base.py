@@ -1,6 +1,7 @@
 """What mixture-of-experts decoders add to `DecoderLM`: the checkpoint's per-expert tensors
 (`layers.0.mlp.experts.3.w1.weight`) go into the layer's stacked expert weights, each
-expected once per expert and part, so a missing expert is named at load."""
+expected once per expert and part, so a missing expert is named at load; and the Qwen MoEs'
+choice of a dense or an expert MLP per layer."""
 
 from __future__ import annotations
 
@@ -8,13 +9,16 @@ from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
+from torch import nn
 
 from pagedserve.services.gpu_worker.layers.fused_moe import (
     EXPERT_CHECKPOINT_NAME,
     EXPERT_PARTS,
     PARTS_OF,
+    FusedMoE,
     StackedExperts,
 )
+from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
 from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
 
 
@@ -23,6 +27,23 @@ def is_moe_layer(config: Any, index: int) -> bool:
     `decoder_sparse_step`-th layer)."""
     step = config_value(config, "decoder_sparse_step", 1)
     return index not in config_value(config, "mlp_only_layers", []) and (index + 1) % step == 0
+
+
+def qwen_moe_mlp(config: Any, index: int, shared_expert: nn.Module | None = None) -> nn.Module:
+    """Layer `index`'s MLP in a Qwen MoE: experts (renormalised where `norm_topk_prob`),
+    or a dense MLP of `intermediate_size` in the layers `is_moe_layer` leaves out."""
+    act = config_value(config, "hidden_act", "silu")
+    if not is_moe_layer(config, index):
+        return GatedMLP(config.hidden_size, config.intermediate_size, act)
+    return FusedMoE(
+        config.hidden_size,
+        config.moe_intermediate_size,
+        config.num_experts,
+        config.num_experts_per_tok,
+        renormalize=bool(config_value(config, "norm_topk_prob", False)),
+        hidden_act=act,
+        shared_expert=shared_expert,
+    )
 
 
 class MoEDecoderLM(DecoderLM):
