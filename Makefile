@@ -7,7 +7,7 @@ TORCH_VERSION ?= 2.13.0
 # The tested dependency set (pip constraints); CONSTRAINTS=/dev/null resolves the newest.
 CONSTRAINTS ?= .ci/constraints.txt
 
-.PHONY: install lock serve test test-unit test-integration test-kernels test-reliability test-compose lint format bench bench-kernels device-check clean
+.PHONY: install lock serve test test-unit test-integration test-kernels test-reliability test-compose test-multihost lint format bench bench-kernels device-check clean
 
 install: $(STAMP)
 
@@ -56,6 +56,12 @@ test-reliability: install
 # fails over and tears down. Minutes of CPU: not part of `make test`.
 test-compose: install
 	$(BIN)/python -P -m pytest -m compose tests/compose -v $(PYTEST_ARGS)
+
+# pagedserve across hosts made of network namespaces (README "Across hosts"): Redis primary,
+# replica and three sentinels, two engine hosts, a gateway host; link and host failures under
+# load. Needs root and iproute2 (ip, tc); 2-4 minutes: not part of `make test`.
+test-multihost: install
+	$(BIN)/python -P -m pytest -m multihost tests/multihost -v $(PYTEST_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -18,7 +18,13 @@ from pagedserve.services.scheduler.engine_shape import EngineShape
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.model_facts import read_model_facts
-from pagedserve.shared.protocol import GenerateRequest, SamplingParams, TokenDelta, WorkerHello
+from pagedserve.shared.protocol import (
+    BeamOutput,
+    GenerateRequest,
+    SamplingParams,
+    TokenDelta,
+    WorkerHello,
+)
 
 MAX_IDLE_STEPS = 100  # empty plans in a row with work waiting: a scheduler that is stuck
 
@@ -36,6 +42,7 @@ class GenerationResult:
     error: str | None = None
     num_cached_tokens: int = 0
     text: str | None = None  # decoded output, when the engine has a tokenizer
+    beams: list[BeamOutput] | None = None  # beam search: the n best, best first
 
     def add(self, delta: TokenDelta) -> None:
         self.token_ids.extend(delta.token_ids)
@@ -44,6 +51,8 @@ class GenerationResult:
         if delta.top_logprobs is not None:
             self.top_logprobs = (self.top_logprobs or []) + delta.top_logprobs
         self.num_cached_tokens = max(self.num_cached_tokens, delta.num_cached_tokens)
+        if delta.beams is not None:
+            self.beams = delta.beams
         if delta.finished:
             self.finish_reason, self.error = delta.finish_reason, delta.error
 

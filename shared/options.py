@@ -142,6 +142,9 @@ OPTIONS: dict[str, Option] = {
         Option("--master-port", 29555, int),
         # where the processes meet
         Option("--redis-url", _LOCAL_REDIS),
+        Option("--redis-sentinel", None,
+               help="HOST:PORT[,HOST:PORT...]/SERVICE: reach the primary of SERVICE through "
+                    "these Redis Sentinels (--redis-url then gives only the db and password)"),
         Option("--namespace", DEFAULT_NAMESPACE, help="prefix of every Redis key"),
         Option("--engine-id", None),
         Option("--gateway-id", "", help="default: random"),
@@ -181,6 +184,8 @@ OPTIONS: dict[str, Option] = {
         Option("--enable-auto-tool-choice", False, switch=True,
                help="let the model call tools by itself (tool_choice 'auto'); needs "
                     "--tool-call-parser and a chat template that renders `tools`"),
+        Option("--trust-request-chat-template", False, switch=True,
+               help="accept a request's own `chat_template` (refused with a 400 otherwise)"),
         Option("--tool-call-parser", None, choices=("hermes",),
                help="how tool calls are read from the output: 'hermes' "
                     "(<tool_call>{\"name\": ..., \"arguments\": ...}</tool_call>)"),

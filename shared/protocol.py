@@ -38,6 +38,7 @@ class ProtocolError(ValueError):
 # Requests (gateway -> scheduler)
 
 
+MAX_BEAM_WIDTH = 10  # beams rank 2 * width candidates from the top MAX_LOGPROBS logprobs
 GREEDY_TEMPERATURE = 1e-5  # below this, sampling is greedy (as vLLM's _SAMPLING_EPS)
 
 # StructuredOutput.kind values: what `spec` holds. The gateway turns every API form (OpenAI's
@@ -80,6 +81,15 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit) pairs
     structured_output: StructuredOutput | None = None  # constrained decoding; None: free text
+    allowed_token_ids: tuple[int, ...] | None = None  # only these may be sampled; None: all
+    # token sequences never to complete: a word's last token is masked after its other tokens
+    # (vLLM's bad_words, tokenized by the gateway with and without a leading space)
+    bad_words_token_ids: tuple[tuple[int, ...], ...] = ()
+    # beam search with this many beams (0: none); n best returned, ranked by the cumulative
+    # logprob over (output length ** length_penalty), as transformers' beam search
+    beam_width: int = 0
+    length_penalty: float = 1.0
+    n: int = 1  # outputs of one request: > 1 only with beam search (n <= beam_width)
 
     @property
     def is_greedy(self) -> bool:
@@ -122,8 +132,43 @@ class SamplingParams:
             problems.append(
                 f"structured_output.kind must be one of {STRUCTURED_KINDS}, got {structured.kind!r}"
             )
+        problems += self._mask_problems() + self._beam_problems()
         if problems:
             raise ValueError("; ".join(problems))
+
+    def _beam_problems(self) -> list[str]:
+        if not self.beam_width:
+            return [] if self.n == 1 else [f"n must be 1 without beam search, got {self.n}"]
+        problems = []
+        if not 1 <= self.beam_width <= MAX_BEAM_WIDTH:
+            problems.append(f"beam_width must be in [1, {MAX_BEAM_WIDTH}], got {self.beam_width}")
+        if not 1 <= self.n <= self.beam_width:
+            problems.append(f"n must be in [1, beam_width={self.beam_width}], got {self.n}")
+        if not math.isfinite(self.length_penalty):
+            problems.append(f"length_penalty must be finite, got {self.length_penalty}")
+        if self.max_tokens < 1:
+            problems.append("beam search needs max_tokens >= 1")
+        unsupported = {
+            "prompt_logprobs": self.prompt_logprobs is not None,
+            "structured_output": self.structured_output is not None,
+            "logit_bias": bool(self.logit_bias),
+            "allowed_token_ids": self.allowed_token_ids is not None,
+            "bad_words": bool(self.bad_words_token_ids),
+        }
+        for name, used in unsupported.items():
+            if used:
+                problems.append(f"{name} cannot be combined with beam search")
+        return problems
+
+    def _mask_problems(self) -> list[str]:
+        problems = []
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            problems.append("allowed_token_ids must not be empty")
+        if any(t < 0 for t in self.allowed_token_ids or ()):
+            problems.append("allowed_token_ids must be >= 0")
+        if any(not word or min(word) < 0 for word in self.bad_words_token_ids):
+            problems.append("bad_words_token_ids must be non-empty lists of ids >= 0")
+        return problems
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +179,11 @@ class GenerateRequest:
     gateway_id: str = ""  # whose output stream gets the deltas; "" for in-process use
     arrival_time: float = 0.0  # unix seconds, set by whoever first accepts the request
     priority: int = 0  # lower runs earlier under the priority policy
+    # a tenant's prefix-cache namespace: requests hit only blocks cached under the same salt
+    cache_salt: str | None = None
+    # the n samples of one prompt (parallel sampling) share it: the scheduler admits the
+    # others once the first has computed the prompt's full blocks, which they then share
+    sample_group: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +213,17 @@ ERROR_ENGINE = "engine_error"  # a worker or engine failure: 500-class, not the 
 
 
 @dataclass(frozen=True, slots=True)
+class BeamOutput:
+    """One finished beam of a beam search, as shown to the client (a stop token left out)."""
+
+    token_ids: list[int]
+    cumulative_logprob: float
+    score: float  # what beams are ranked by: cumulative_logprob / length ** length_penalty
+    finish_reason: str
+    stop_token_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class TokenDelta:
     """New tokens of one request since the last delta, and how it finished if it did."""
 
@@ -178,6 +239,7 @@ class TokenDelta:
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
     stop_token_id: int | None = None  # the stop token id that ended it, if any
     prompt_logprobs: PromptLogprobs | None = None  # once, with the first token, when asked
+    beams: list[BeamOutput] | None = None  # beam search: the n best, best first, at the end
 
     @property
     def finished(self) -> bool:
@@ -233,6 +295,9 @@ class StepPlan:
     cached_seqs: list[CachedSequence] = field(default_factory=list)
     finished_seq_ids: list[str] = field(default_factory=list)  # drop state (done, aborted)
     preempted_seq_ids: list[str] = field(default_factory=list)  # drop state (will re-send)
+    # (source, destination) KV blocks to copy before the step runs: copy-on-write of blocks
+    # that forked beams shared
+    block_copies: list[tuple[int, int]] = field(default_factory=list)
 
     @property
     def num_scheduled_tokens(self) -> int:
@@ -336,6 +401,7 @@ _MESSAGE_TYPES: tuple[type, ...] = (
     Heartbeat,
     PromptLogprobs,  # new types go last: a message's tag is its position
     StructuredOutput,
+    BeamOutput,
 )
 _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, start=1)}
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
@@ -367,6 +433,9 @@ def _ext_hook(tag: int, data: bytes) -> Any:
         kwargs[name] = tuple(kwargs[name])
     if cls is SamplingParams:
         kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
+        if kwargs["allowed_token_ids"] is not None:
+            kwargs["allowed_token_ids"] = tuple(kwargs["allowed_token_ids"])
+        kwargs["bad_words_token_ids"] = tuple(tuple(w) for w in kwargs["bad_words_token_ids"])
     return cls(**kwargs)
 
 

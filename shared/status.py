@@ -39,6 +39,7 @@ class EngineStatus:
     spec_num_accepted_tokens: int = 0  # total drafts accepted
     model: str = ""
     pid: int = 0
+    host: str = ""  # the scheduler's host name (its pod's, on Kubernetes)
     integrity_ok: bool = True  # the last idle check_integrity() passed (False: see its log)
     integrity_checked_at: float = 0.0  # unix seconds of that check; 0.0: none yet
     iteration_tokens: str = ""  # shared/iteration_histogram.py's encoding; "": none yet

@@ -2,7 +2,7 @@
 
     python -m pagedserve.services.cli.health_probe gateway --url http://127.0.0.1:8000/health
     python -m pagedserve.services.cli.health_probe engine --redis-url URL --namespace NS \
-        --engine-id ID
+        --engine-id ID  [--redis-sentinel HOST:PORT,.../SERVICE]
 
 Exit status 0 when healthy, 1 with a one-line reason on stderr otherwise. An engine is
 healthy when its status record in Redis is fresh and says every worker rank answers.
@@ -16,10 +16,12 @@ import time
 import urllib.error
 import urllib.request
 
-import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from pagedserve.shared.keys import RedisKeys
 from pagedserve.shared.options import add_options, use
+from pagedserve.shared.redis_client import RedisTarget, sync_redis
 from pagedserve.shared.status import ENGINE_STATUS_TTL_S, EngineStatus, from_fields
 
 
@@ -34,15 +36,15 @@ def check_gateway(url: str, timeout_s: float = 3.0) -> str | None:
         return f"{url} unreachable: {exc}"
 
 
-def check_engine(redis_url: str, namespace: str, engine_id: str) -> str | None:
+def check_engine(redis: RedisTarget, namespace: str, engine_id: str) -> str | None:
     """None when engine `engine_id` has a fresh status with every worker alive, else why not."""
     key = RedisKeys(namespace).engine(engine_id)
     try:
-        client = redis.Redis.from_url(redis_url, socket_connect_timeout=2, socket_timeout=2)
+        client = sync_redis(redis, socket_connect_timeout=2, socket_timeout=2)
         fields = client.hgetall(key)
         client.close()
-    except (redis.ConnectionError, redis.TimeoutError) as exc:
-        return f"cannot reach Redis at {redis_url}: {exc}"
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        return f"cannot reach Redis at {redis.describe()}: {exc}"
     if not fields:
         return f"engine {engine_id!r} has no status at {key} (not started, or dead)"
     status = from_fields(EngineStatus, fields)
@@ -60,7 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     gateway = kinds.add_parser("gateway")
     gateway.add_argument("--url", default="http://127.0.0.1:8000/health")
     engine = kinds.add_parser("engine")
-    add_options(engine, "redis_url", "namespace", use("engine_id", default="engine0"))
+    add_options(
+        engine, "redis_url", "redis_sentinel", "namespace", use("engine_id", default="engine0")
+    )
     return parser
 
 
@@ -69,7 +73,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.kind == "gateway":
         problem = check_gateway(args.url)
     else:
-        problem = check_engine(args.redis_url, args.namespace, args.engine_id)
+        try:
+            target = RedisTarget.of(args.redis_url, args.redis_sentinel)
+        except ValueError as exc:
+            print(f"invalid configuration: {exc}", file=sys.stderr)
+            return 2
+        problem = check_engine(target, args.namespace, args.engine_id)
     if problem:
         print(f"unhealthy: {problem}", file=sys.stderr)
         return 1

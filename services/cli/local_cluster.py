@@ -48,6 +48,7 @@ from pagedserve.services.cli.restart_policy import CrashLoopError, RestartPolicy
 from pagedserve.services.cli.signal_flag import SignalFlag
 from pagedserve.services.cli.supervisor import Child, ChildExited, ChildSpec, Supervisor
 from pagedserve.services.gateway.drain import ABORT_GRACE_S
+from pagedserve.shared.redis_client import RedisTarget, sync_redis
 from pagedserve.shared.transport import private_socket_dir
 
 ENGINE_STOP_TIMEOUT_S = 15.0  # scheduler (its own drain: 5 s) and workers
@@ -154,8 +155,8 @@ class LocalCluster:
         )
 
     def _redis_answers(self) -> bool:
-        client = redis.Redis.from_url(
-            self.redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
+        client = sync_redis(
+            RedisTarget(self.redis_url), socket_connect_timeout=0.5, socket_timeout=0.5
         )
         try:
             return bool(client.ping())

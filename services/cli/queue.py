@@ -1,7 +1,7 @@
 """`pagedserve queue [show ID]`: inspect the Redis queue (read-only).
 
-Without --redis-url (or REDIS_URL), it finds the `pagedserve serve` running on this machine
-(`discovery.py`); with several, --port picks one and `--list` lists them."""
+Without --redis-url (or REDIS_URL) or --redis-sentinel, it finds the `pagedserve serve` running
+on this machine (`discovery.py`); with several, --port picks one and `--list` lists them."""
 
 from __future__ import annotations
 
@@ -37,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         parser,
         use("redis_url", default=None, env_aliases=("REDIS_URL",),
             help=f"default: $REDIS_URL, else the local `pagedserve serve`'s, else {LOCAL_REDIS}"),
+        "redis_sentinel",
         use("namespace", default=None,
             help=f"default: the local serve's, else {DEFAULT_NAMESPACE}"),
     )  # fmt: skip
@@ -51,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def resolve_target(args: argparse.Namespace) -> tuple[str, str]:
     """(Redis URL, namespace): the flags', else the local serve's, else the defaults."""
-    if args.redis_url and args.port is None:
+    if (args.redis_url or args.redis_sentinel) and args.port is None:
         return args.redis_url, args.namespace or DEFAULT_NAMESPACE
     deployment = choose(live_deployments(), args.port)
     if deployment is not None:
@@ -76,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"pagedserve queue: error: {exc}", file=sys.stderr)
         return 1
     try:
-        client = connect(args.redis_url)
+        client = connect(args.redis_url, args.redis_sentinel)
         try:
             if getattr(args, "queue_command", None) == "show":
                 status = read_request(client, args.namespace, args.request_id)

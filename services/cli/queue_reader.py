@@ -16,6 +16,7 @@ import redis
 from pagedserve.shared.config import RedisConfig, env_default
 from pagedserve.shared.keys import ENGINE_GROUP, RedisKeys
 from pagedserve.shared.protocol import GenerateRequest, ProtocolError, decode
+from pagedserve.shared.redis_client import RedisTarget, sync_redis
 from pagedserve.shared.status import ENGINE_STATUS_TTL_S, EngineStatus, RequestStatus, from_fields
 
 MAX_IN_FLIGHT_LISTED = 20
@@ -30,13 +31,17 @@ def default_redis_url() -> str:
     return os.environ.get("REDIS_URL") or env_default("redis_url", RedisConfig().url)
 
 
-def connect(url: str) -> redis.Redis:
-    """A client that answered PING, or `QueueError` saying which url failed and why."""
+def connect(url: str, sentinel: str | None = None) -> redis.Redis:
+    """A client that answered PING, or `QueueError` saying which Redis failed and why."""
     try:
-        client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
+        target = RedisTarget.of(url, sentinel)
+    except ValueError as exc:
+        raise QueueError(str(exc)) from exc
+    try:
+        client = sync_redis(target, socket_connect_timeout=2, socket_timeout=5)
         client.ping()
     except (redis.ConnectionError, redis.TimeoutError, ValueError) as exc:
-        raise QueueError(f"cannot reach Redis at {url}: {exc}") from exc
+        raise QueueError(f"cannot reach Redis at {target.describe()}: {exc}") from exc
     return client
 
 

@@ -8,6 +8,9 @@ from typing import Any
 
 from pagedserve.shared.status import RequestStatus
 
+ENGINE_COLUMNS = ("engine", "host", "alive", "running", "waiting", "kv usage", "free blocks",
+                  "heartbeat")  # fmt: skip
+
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     """Left-aligned columns two spaces apart; `(none)` under the headers when empty."""
@@ -74,10 +77,7 @@ def render_queue(snapshot: dict[str, Any]) -> str:
         ),
         "",
         "ENGINES",
-        format_table(
-            ["engine", "alive", "running", "waiting", "kv usage", "free blocks", "heartbeat"],
-            [_engine_row(e) for e in snapshot["engines"]],
-        ),
+        format_table(ENGINE_COLUMNS, [_engine_row(e) for e in snapshot["engines"]]),
         "",
         "GATEWAYS",
         format_table(
@@ -93,12 +93,13 @@ def render_queue(snapshot: dict[str, Any]) -> str:
 
 def _engine_row(engine: dict[str, Any]) -> list[Any]:
     if engine.get("heartbeat_age_s") is None:
-        return [engine["engine_id"], "no (status expired)", "-", "-", "-", "-", "-"]
+        return [engine["engine_id"], "-", "no (status expired)", "-", "-", "-", "-", "-"]
     alive = "yes" if engine["alive"] and engine["workers_alive"] else "no"
     if engine["alive"] and not engine["workers_alive"]:
         alive = "no (workers down)"
     return [
         engine["engine_id"],
+        engine["host"] or "-",
         alive,
         engine["num_running"],
         engine["num_waiting"],

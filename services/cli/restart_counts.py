@@ -14,6 +14,7 @@ from collections import Counter
 import redis
 
 from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.redis_client import RedisTarget, sync_redis
 
 logger = logging.getLogger(__name__)
 
@@ -33,8 +34,8 @@ class RestartCounts:
         """Write the counts if they changed since the last success; False if Redis failed."""
         if not self.pending:
             return True
-        client = redis.Redis.from_url(
-            self.redis_url, socket_connect_timeout=0.5, socket_timeout=0.5
+        client = sync_redis(
+            RedisTarget(self.redis_url), socket_connect_timeout=0.5, socket_timeout=0.5
         )
         try:
             with client.pipeline(transaction=True) as pipe:

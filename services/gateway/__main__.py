@@ -13,15 +13,17 @@ from pagedserve.services.gateway.chat_template import load_chat_template
 from pagedserve.services.gateway.gateway_config import GatewayConfig
 from pagedserve.shared.logging import setup_logging
 from pagedserve.shared.options import add_options, use
+from pagedserve.shared.redis_client import RedisTarget
 
 GATEWAY_OPTIONS = (
     use("model", help="alias or model directory"), use("served_model_name", help=None),
-    "redis_url", "namespace", "host", "port",
+    "redis_url", "redis_sentinel", "namespace", "host", "port",
     use("api_key", help="require this Bearer key"), "metrics_require_key", "gateway_id",
     use("max_model_len", help=None), "max_pending_requests", "shutdown_timeout",
     "engine_loss_timeout", "max_body_bytes", "header_timeout", "body_timeout",
     "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
     "chat_template", "enable_auto_tool_choice", "tool_call_parser",
+    "trust_request_chat_template",
 )  # fmt: skip
 
 
@@ -32,12 +34,14 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
     add_options(parser, *GATEWAY_OPTIONS)
     args = parser.parse_args(argv)
     try:
+        RedisTarget.of(args.redis_url, args.redis_sentinel)  # fail here, with the reason
         if args.chat_template is not None:
             load_chat_template(args.chat_template)  # fail here, with the reason
         return GatewayConfig(
             model=args.model,
             served_model_name=args.served_model_name,
             redis_url=args.redis_url,
+            redis_sentinel=args.redis_sentinel,
             namespace=args.namespace,
             host=args.host,
             port=args.port,
@@ -57,6 +61,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             chat_template=args.chat_template,
             enable_auto_tool_choice=args.enable_auto_tool_choice,
             tool_call_parser=args.tool_call_parser,
+            trust_request_chat_template=args.trust_request_chat_template,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -78,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     if config.chat_template is not None:
         info.tokenizer.chat_template = load_chat_template(config.chat_template)
     client = EngineClient(
-        config.redis_url,
+        RedisTarget.of(config.redis_url, config.redis_sentinel),
         config.namespace,
         config.gateway_id,
         config.max_pending_requests,

@@ -27,7 +27,7 @@ def check_text_fits(
     vanishing: str = "",
 ) -> None:
     """A 400, before tokenizing, for a text of `EXACT_BELOW_CHARS` or more that cannot fit
-    `max_model_len` (with its `max_tokens`) however it tokenizes."""
+    `max_model_len` however it tokenizes, or whose `max_tokens` alone exceeds it."""
     if bytes_per_token is None or len(text) < EXACT_BELOW_CHARS:
         return
     num_min = min_num_tokens(text, bytes_per_token, vanishing)
@@ -38,11 +38,10 @@ def check_text_fits(
             f"maximum context length of {max_model_len} tokens",
             prompt_param,
         )
-    if max_tokens is not None and num_min + max_tokens > max_model_len:
+    if max_tokens is not None and max_tokens > max_model_len:
         raise bad_request(
-            f"this model's maximum context length is {max_model_len} tokens, but the prompt "
-            f"has at least {num_min} tokens + {max_tokens} for `{max_tokens_param}` were "
-            "requested",
+            f"this model's maximum context length is {max_model_len} tokens, but "
+            f"{max_tokens} were requested for `{max_tokens_param}`",
             max_tokens_param,
         )
 

@@ -46,6 +46,7 @@ from pagedserve.services.gateway.openai_schema import (
     parse_completion_request,
 )
 from pagedserve.services.gateway.openapi_document import openapi_document
+from pagedserve.services.gateway.output_modes import PLAIN_TEXT
 from pagedserve.services.gateway.output_processor import ChoiceProcessor
 from pagedserve.services.gateway.request_builder import (
     PromptInput,
@@ -185,7 +186,24 @@ class GatewayRoutes:
             "created": self.created,
             "owned_by": "pagedserve",
             "root": self.config.model,
+            "parent": None,
             "max_model_len": self.info.max_model_len,
+            "permission": [  # vLLM's card lists one permission object, open to all
+                {
+                    "id": f"modelperm-{self.config.model_name}",
+                    "object": "model_permission",
+                    "created": self.created,
+                    "allow_create_engine": False,
+                    "allow_sampling": True,
+                    "allow_logprobs": True,
+                    "allow_search_indices": False,
+                    "allow_view": True,
+                    "allow_fine_tuning": False,
+                    "organization": "*",
+                    "group": None,
+                    "is_blocking": False,
+                }
+            ],
         }
 
     async def models(self, request: Request) -> Response:
@@ -208,6 +226,12 @@ class GatewayRoutes:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
         admit_chat(parsed, self.config.max_seqs_per_request)
+        if parsed.chat_template is not None and not self.config.trust_request_chat_template:
+            raise bad_request(
+                "`chat_template` was sent with the request, but this server does not trust "
+                "request templates (start it with --trust-request-chat-template)",
+                "chat_template",
+            )
         self.auto_tools.check(parsed)
         prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info)
         max_len = self.info.max_model_len
@@ -231,7 +255,9 @@ class GatewayRoutes:
         processors = [
             ChoiceProcessor(self.info, options.stop, want_logprobs,
                             skip_special_tokens=output.skip_special_tokens,
-                            include_stop_str_in_output=output.include_stop_str_in_output)
+                            include_stop_str_in_output=output.include_stop_str_in_output,
+                            stop_token_ids=options.stop_token_ids, min_tokens=options.min_tokens,
+                            tokens_as_ids=output.return_tokens_as_token_ids)
             for _ in requests
         ]  # fmt: skip
         session = CompletionSession(self.client, self.metrics, requests, processors, options.n)
@@ -239,8 +265,7 @@ class GatewayRoutes:
             kind, response_id, parsed.model or self.config.model_name, int(time.time()),
             want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
             options.n, options.logprobs or 0,
-            tool_call=options.structured.tool_call if options.structured else None,
-            **auto_tool_fields(parsed),
+            mode=parsed.mode if isinstance(parsed, ChatRequest) else PLAIN_TEXT,
         )  # fmt: skip
         await session.submit()
         try:
@@ -267,23 +292,9 @@ class GatewayRoutes:
                     yield sse_event(formatter.role_chunk(index))
             while not session.finished:
                 for index, update in await session.receive():
-                    if formatter.tool_call is not None:  # held back until the call is whole
-                        if update.finish_reason:
-                            processor = session.processors[index]
-                            yield sse_event(formatter.tool_call_chunk(index, update, processor))
-                    elif formatter.auto_tools:
-                        processor = session.processors[index]
-                        chunk = formatter.auto_tool_chunk(index, update, processor)
-                        if chunk is not None:
-                            yield sse_event(chunk)
-                    elif (
-                        update.text
-                        or update.logprobs
-                        or update.finish_reason
-                        or (update.token_ids and formatter.output.return_token_ids)
-                    ):
-                        processor = session.processors[index]
-                        yield sse_event(formatter.chunk(index, update, processor))
+                    chunk = formatter.chunk(index, update, session.processors[index])
+                    if chunk is not None:
+                        yield sse_event(chunk)
             if include_usage:
                 yield sse_event(formatter.usage_chunk(session.usage()))
         except APIError as exc:
@@ -346,13 +357,6 @@ def prompt_views(
     return views
 
 
-def auto_tool_fields(parsed: CompletionRequest | ChatRequest) -> dict[str, Any]:
-    """The formatter's settings for reading Hermes calls (tool_choice "auto")."""
-    if not isinstance(parsed, ChatRequest) or not parsed.auto_tools:
-        return {}
-    return {"auto_tools": True, "tool_text_prefix": parsed.tool_text_prefix}
-
-
 async def _collect(session: CompletionSession) -> None:
     while not session.finished:
         await session.receive()
@@ -393,6 +397,7 @@ def build_app(
             Route("/v1/completions", routes.completions, methods=["POST"]),
             Route("/v1/chat/completions", routes.chat, methods=["POST"]),
             Route("/health", routes.health, methods=["GET"]),
+            Route("/ping", routes.health, methods=["GET", "POST"]),  # vLLM's (SageMaker's)
             Route("/metrics", routes.metrics_text, methods=["GET"]),
             Route("/openapi.json", routes.openapi, methods=["GET"]),
             Route("/tokenize", tokenize_routes.tokenize, methods=["POST"]),

@@ -8,7 +8,7 @@ from pagedserve.services.gateway.errors import APIError
 
 # Paths answered without a key: load balancers probe /health; /metrics is open unless the
 # gateway runs with --metrics-require-key, because Prometheus scrapers rarely carry secrets.
-OPEN_PATHS = frozenset({"/health"})
+OPEN_PATHS = frozenset({"/health", "/ping"})
 
 
 def is_open_path(path: str, metrics_require_key: bool) -> bool:

@@ -19,8 +19,9 @@ from pagedserve.services.gateway.logprob_formatter import TokenLogprob
 from pagedserve.services.gateway.metrics import GatewayMetrics
 from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
 from pagedserve.services.gateway.replay_guard import ReplayMismatch
+from pagedserve.services.gateway.request_builder import beam_leaders
 from pagedserve.services.gateway.response_formatter import Usage
-from pagedserve.shared.protocol import ERROR_ENGINE, GenerateRequest, TokenDelta
+from pagedserve.shared.protocol import ERROR_ENGINE, BeamOutput, GenerateRequest, TokenDelta
 
 
 @dataclass(slots=True)
@@ -57,7 +58,7 @@ class CompletionSession:
         for request in self.requests:
             self.client.open_stream(request.request_id, self.queue)
         try:
-            await self.client.submit(self.requests)
+            await self.client.submit(beam_leaders(self.requests, self.n))
         except APIError:
             self._close_streams()
             raise
@@ -79,6 +80,7 @@ class CompletionSession:
             deltas.append(await self.queue.get())
         while not self.queue.empty():
             deltas.append(self.queue.get_nowait())
+        deltas = [d for delta in deltas for d in self._per_beam(delta)]
         updates: list[tuple[int, ChoiceUpdate]] = []
         for position, delta in enumerate(deltas):
             if delta.finish_reason == "error" and updates:
@@ -95,6 +97,17 @@ class CompletionSession:
                 await self.client.abort([delta.request_id], "stop")
             updates.append((index, update))
         return updates
+
+    def _per_beam(self, delta: TokenDelta) -> list[TokenDelta]:
+        """A beam search's last delta as one finished delta per beam, for the choices from
+        its own on (its request id is the first choice's)."""
+        first = self.index_of.get(delta.request_id)
+        if delta.beams is None or first is None:
+            return [delta]
+        return [
+            _beam_delta(self.requests[first + i].request_id, beam, delta)
+            for i, beam in enumerate(delta.beams)
+        ]
 
     def _process(self, index: int, delta: TokenDelta) -> ChoiceUpdate:
         try:
@@ -139,8 +152,13 @@ class CompletionSession:
         metrics.request_generation_tokens.observe(processor.num_output_tokens)
         metrics.request_params_n.observe(self.n)
         metrics.request_params_max_tokens.observe(request.sampling.max_tokens)
+        metrics.request_max_num_generation_tokens.observe(request.sampling.max_tokens)
+        metrics.prompt_tokens_cached.inc(processor.num_cached_tokens)
         if timing.first_token_wall > 0:
-            metrics.decode_time.observe(max(0.0, timing.finish_wall - timing.first_token_wall))
+            decode_s = max(0.0, timing.finish_wall - timing.first_token_wall)
+            metrics.decode_time.observe(decode_s)
+            if processor.num_output_tokens > 1:
+                metrics.time_per_output_token.observe(decode_s / (processor.num_output_tokens - 1))
 
     async def _observe_engine_times(self, request: GenerateRequest, timing: ChoiceTiming) -> None:
         """Queue, prefill and inference times start when the engine first scheduled it."""
@@ -185,3 +203,15 @@ class CompletionSession:
     def _close_streams(self) -> None:
         for request in self.requests:
             self.client.close_stream(request.request_id)
+
+
+def _beam_delta(request_id: str, beam: BeamOutput, delta: TokenDelta) -> TokenDelta:
+    return TokenDelta(
+        request_id=request_id,
+        token_ids=beam.token_ids,
+        finish_reason=beam.finish_reason,
+        num_prompt_tokens=delta.num_prompt_tokens,
+        num_output_tokens=len(beam.token_ids) + (beam.stop_token_id is not None),
+        num_cached_tokens=delta.num_cached_tokens,
+        stop_token_id=beam.stop_token_id,
+    )

@@ -4,8 +4,8 @@ Byte-level BPE splits multi-byte characters across tokens, so decoding one token
 yields U+FFFD. Like vLLM we keep two offsets into the ids: `prefix_offset` (start of a short
 window decoded for context, since decoding is not a per-token concatenation) and `read_offset`
 (end of what was already emitted). New text is `decode(window + new) - decode(window)`, held back
-while it ends in U+FFFD (an incomplete character). `finish()` emits whatever remains so that
-the whole text equals `decode(all ids, skip_special_tokens=True)`.
+while it ends in U+FFFD (an incomplete character). `finish()` emits whatever remains, but for the
+bytes of a character the output never completed.
 """
 
 from __future__ import annotations
@@ -52,5 +52,8 @@ class IncrementalDetokenizer:
             rest = full_text[len(self.emitted_text) :]
         else:  # a tokenizer whose decode is not prefix-stable: never lose text
             rest = ""
+        # an output that ends inside a multi-byte character keeps those bytes back (as vLLM):
+        # they decode to U+FFFD, which the model never wrote
+        rest = rest.rstrip(REPLACEMENT_CHAR)
         self.emitted_text += rest
         return rest

@@ -39,6 +39,7 @@ from pagedserve.shared.protocol import (
     decode,
     encode,
 )
+from pagedserve.shared.redis_client import RedisTarget, async_redis_blocking_pool
 from pagedserve.shared.status import (
     ENGINE_STATUS_TTL_S,
     GATEWAY_HEARTBEAT_TTL_S,
@@ -68,7 +69,7 @@ class EngineClient:
 
     def __init__(
         self,
-        redis_url: str,
+        redis: RedisTarget | str,
         namespace: str,
         gateway_id: str,
         max_pending_requests: int,
@@ -80,22 +81,22 @@ class EngineClient:
         self.max_pending_requests = max_pending_requests
         # A bounded pool that makes callers wait for a free connection: under a burst of
         # requests the default pool fails calls with "Too many connections" instead.
-        pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=REDIS_MAX_CONNECTIONS,
-            timeout=REDIS_POOL_WAIT_S,
+        self.redis = async_redis_blocking_pool(
+            redis if isinstance(redis, RedisTarget) else RedisTarget(redis),
+            REDIS_MAX_CONNECTIONS,
+            REDIS_POOL_WAIT_S,
             socket_connect_timeout=2,
             socket_timeout=5,
-            # After a Redis restart every pooled connection is dead and the first call on each
-            # would fail: a connection idle a while is PINGed first, and a call that finds its
-            # connection closed is tried once more on a fresh one (an engine drops a request
-            # queued twice).
+            # After a Redis restart (or a sentinel failover) every pooled connection is dead and
+            # the first call on each would fail: a connection idle a while is PINGed first, and
+            # a call that finds its connection closed is tried once more on a fresh one (an
+            # engine drops a request queued twice; through sentinels, the fresh one is to the
+            # primary they name now).
             health_check_interval=REDIS_HEALTH_CHECK_S,
             # Not on a timeout: a stalled Redis would hold each call twice as long.
             retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
             retry_on_error=[RedisConnectionError],
         )
-        self.redis = aioredis.Redis.from_pool(pool)
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
         self._submitted: dict[
             str, GenerateRequest

@@ -38,12 +38,15 @@ class APIError(Exception):
         self.headers = headers or {}
 
     def body(self) -> dict[str, Any]:
+        """OpenAI's shape with vLLM's integer `code` (the HTTP status); `reason` keeps our
+        finer word for it (queue_full, no_live_engine, model_not_found, ...)."""
         return {
             "error": {
                 "message": self.message,
                 "type": self.type,
                 "param": self.param,
-                "code": self.code,
+                "code": self.status,
+                "reason": self.code,
             }
         }
 

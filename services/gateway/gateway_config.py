@@ -15,6 +15,7 @@ class GatewayConfig:
     model: str = DEFAULT_MODEL
     served_model_name: str | None = None  # the name clients send; None: `model`
     redis_url: str = "redis://127.0.0.1:6379/0"
+    redis_sentinel: str | None = None  # "HOST:PORT,.../SERVICE": the primary via sentinels
     namespace: str = DEFAULT_NAMESPACE
     host: str = "127.0.0.1"  # loopback unless told otherwise
     port: int = 8000
@@ -37,6 +38,7 @@ class GatewayConfig:
     chat_template: str | None = None  # a template file or text; None: the model's
     enable_auto_tool_choice: bool = False  # tool_choice "auto": the model may call tools
     tool_call_parser: str | None = None  # how calls are read from the text: "hermes"
+    trust_request_chat_template: bool = False  # a request's own `chat_template` is honoured
 
     def __post_init__(self) -> None:
         if not 0 < self.port < 65536:

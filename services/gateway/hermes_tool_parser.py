@@ -45,12 +45,19 @@ def new_call_id() -> str:
     return f"call_{uuid.uuid4().hex[:24]}"
 
 
-def read_call(block: str) -> ToolCall | None:
-    """The call a block's JSON states, or None when it states none."""
+def read_calls(block: str) -> list[ToolCall] | None:
+    """The calls a block's JSON states: one object, or an array of them (how some models
+    write parallel calls in one block); None when it states none."""
     try:
         value = json.loads(block)
     except ValueError:
         return None
+    items = value if isinstance(value, list) and value else [value]
+    calls = [call for item in items if (call := _call_of(item)) is not None]
+    return calls if len(calls) == len(items) else None
+
+
+def _call_of(value: Any) -> ToolCall | None:
     if not isinstance(value, dict) or not isinstance(value.get("name"), str):
         return None
     arguments = value.get("arguments", {})
@@ -73,11 +80,11 @@ def parse_hermes(text: str) -> tuple[str | None, list[ToolCall]]:
         content.append(text[position:start])
         end = text.find(END_TAG, start)
         block_end = len(text) if end == -1 else end + len(END_TAG)
-        call = read_call(text[start + len(START_TAG) : end if end != -1 else len(text)])
-        if call is None:
+        found = read_calls(text[start + len(START_TAG) : end if end != -1 else len(text)])
+        if found is None:
             content.append(text[start:block_end])
         else:
-            calls.append(call)
+            calls.extend(found)
         position = block_end
     content.append(text[position:])
     joined = "".join(content)
@@ -205,20 +212,23 @@ class HermesStreamParser:
 
     def _end_call(self, block: str, consumed: int | None) -> None:
         """A block ended (at its end tag, or with the output when `consumed` is None)."""
-        call = read_call(block)
+        calls = None if self.head_read else read_calls(block)
         raw = block if consumed is None else self.buffer[:consumed]
         self.buffer = "" if consumed is None else self.buffer[consumed:]
         self.in_call = False
-        if call is None and not self.head_read:  # not a call: it was content all along
+        if self.head_read:
+            self._send_arguments(_arguments_text(block))
+            self.num_calls += 1
+            return
+        if calls is None:  # not a call: it was content all along
             self._content(START_TAG + raw)
             return
-        if call is not None and not self.head_read:  # whole, but not as the head expects
+        for call in calls:  # whole, but not as the head expects (e.g. an array of calls)
             announce = StreamEvent(index=self.num_calls, call_id=new_call_id(), name=call.name)
             self._events.append(announce)
+            self.sent_arguments = 0
             self._send_arguments(call.arguments)
-        else:
-            self._send_arguments(_arguments_text(block))
-        self.num_calls += 1
+            self.num_calls += 1
 
 
 def _arguments_text(block: str) -> str:

@@ -85,6 +85,16 @@ class EngineStatusCollector(Collector):
             gauge = GaugeMetricFamily(name, doc, labels=labels)
             gauge.add_metric(values, value)
             yield gauge
+        # vLLM splits waiting requests by why they wait; ours wait only for capacity (no
+        # request is deferred, e.g. for a grammar: grammars compile while it runs)
+        by_reason = GaugeMetricFamily(
+            "vllm:num_requests_waiting_by_reason",
+            "Waiting requests by reason",
+            labels=[*labels, "reason"],
+        )
+        by_reason.add_metric([*values, "capacity"], sum(x.num_waiting for x in s))
+        by_reason.add_metric([*values, "deferred"], 0)
+        yield by_reason
         for name, (doc, field) in ENGINE_COUNTERS.items():
             counter = CounterMetricFamily(name, doc, labels=labels)
             counter.add_metric(values, sum(getattr(x, field) for x in s))
@@ -171,6 +181,10 @@ class GatewayMetrics:
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens", labels, registry=self.registry
         ).labels(model_name)
+        self.prompt_tokens_cached = Counter(
+            "vllm:prompt_tokens_cached", "Prompt tokens served from the prefix cache", labels,
+            registry=self.registry,
+        ).labels(model_name)  # fmt: skip
         self.generation_tokens = Counter(
             "vllm:generation_tokens", "Generated tokens", labels, registry=self.registry
         ).labels(model_name)
@@ -210,6 +224,13 @@ class GatewayMetrics:
             "vllm:request_inference_time_seconds", "First scheduled to last token",
             LATENCY_BUCKETS,
         )  # fmt: skip
+        self.time_per_output_token = histogram(
+            "vllm:request_time_per_output_token_seconds",
+            "Decode time over the tokens after the first, per request", ITL_BUCKETS,
+        )  # fmt: skip
+        self.request_max_num_generation_tokens = histogram(
+            "vllm:request_max_num_generation_tokens", "The requested max tokens", tokens
+        )
 
     def finished(self, finish_reason: str) -> None:
         self._success.labels(self.model_name, finish_reason).inc()

@@ -1,140 +1,33 @@
 """The gateway's OpenAPI 3.0 description, served at /openapi.json.
 
-Bounds come from `openai_schema.py`'s constants, so the document states what the validator
-enforces; a body outside them gets a 400 naming the parameter. Fields that need the tokenizer
-(prompt length against the model length, token ids against the vocabulary) cannot be stated
-here and are checked when the request is built (also 400).
+The request schemas are written from the field table (`field_table.py`) that the validator
+reads bodies with, so the document states what the validator enforces; a body outside them
+gets a 400 naming the parameter. Fields that need the tokenizer (prompt length against the
+model length, token ids against the vocabulary) cannot be stated here and are checked when
+the request is built (also 400).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pagedserve.services.gateway.openai_schema import (
-    CHAT_ROLES,
-    MAX_BATCH_PROMPTS,
-    MAX_LOGPROBS,
-    MAX_MESSAGES,
-    MAX_N,
-    MAX_STOP_STRING_CHARS,
-    MAX_STOP_STRINGS,
-    MAX_STOP_TOKEN_IDS,
-    PRIORITY_LIMIT,
-    SEED_MAX,
-    SEED_MIN,
+from pagedserve.services.gateway.field_table import (
+    CHAT_FIELDS,
+    COMMON_FIELDS,
+    COMPLETION_FIELDS,
+    REQUIRED,
 )
-from pagedserve.shared.request_bounds import INT32_MAX
+from pagedserve.services.gateway.request_fields import properties
 
-_TOKEN_IDS = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
-_STOP = {
-    "oneOf": [
-        {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS},
-        {
-            "type": "array",
-            "maxItems": MAX_STOP_STRINGS,
-            "items": {"type": "string", "minLength": 1, "maxLength": MAX_STOP_STRING_CHARS},
-        },
-    ],
-    "nullable": True,
-}
-_SAMPLING: dict[str, Any] = {
-    "model": {"type": "string"},
-    "max_tokens": {"type": "integer", "minimum": 0, "maximum": INT32_MAX, "nullable": True},
-    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
-    "top_p": {"type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
-    "top_k": {"type": "integer", "minimum": -1, "maximum": INT32_MAX},
-    "min_p": {"type": "number", "minimum": 0, "maximum": 1},
-    "presence_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "frequency_penalty": {"type": "number", "minimum": -2, "maximum": 2},
-    "repetition_penalty": {
-        "type": "number",
-        "minimum": 0,
-        "exclusiveMinimum": True,
-        "maximum": 2,
-    },
-    "seed": {"type": "integer", "minimum": SEED_MIN, "maximum": SEED_MAX, "nullable": True},
-    "stop": _STOP,
-    "stop_token_ids": {
-        "type": "array",
-        "maxItems": MAX_STOP_TOKEN_IDS,
-        "items": {"type": "integer", "minimum": 0},
-    },
-    "ignore_eos": {"type": "boolean"},
-    "min_tokens": {"type": "integer", "minimum": 0, "maximum": INT32_MAX},
-    "n": {"type": "integer", "minimum": 1, "maximum": MAX_N},
-    "priority": {"type": "integer", "minimum": -PRIORITY_LIMIT, "maximum": PRIORITY_LIMIT - 1},
-    "stream": {"type": "boolean"},
-    "stream_options": {
-        "type": "object",
-        "properties": {"include_usage": {"type": "boolean"}},
-        "nullable": True,
-    },
-}
 _COMPLETION_REQUEST = {
     "type": "object",
-    "required": ["prompt"],
-    "properties": {
-        "prompt": {
-            "oneOf": [
-                {"type": "string", "minLength": 1},
-                _TOKEN_IDS,
-                {
-                    "type": "array",
-                    "minItems": 1,
-                    "maxItems": MAX_BATCH_PROMPTS,
-                    "items": {"oneOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
-                },
-            ]
-        },
-        "logprobs": {"type": "integer", "minimum": 0, "maximum": MAX_LOGPROBS, "nullable": True},
-        **_SAMPLING,
-    },
-}
-_MESSAGE = {
-    "type": "object",
-    "required": ["role"],
-    "properties": {
-        "role": {"type": "string", "enum": sorted(CHAT_ROLES)},
-        "content": {
-            "oneOf": [
-                {"type": "string"},
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "object",
-                        "required": ["type", "text"],
-                        "properties": {
-                            "type": {"type": "string", "enum": ["text"]},
-                            "text": {"type": "string"},
-                        },
-                    },
-                },
-            ],
-            "nullable": True,
-        },
-    },
+    "required": REQUIRED["completion"],
+    "properties": properties(COMPLETION_FIELDS + COMMON_FIELDS),
 }
 _CHAT_REQUEST = {
     "type": "object",
-    "required": ["messages"],
-    "properties": {
-        "messages": {"type": "array", "minItems": 1, "maxItems": MAX_MESSAGES, "items": _MESSAGE},
-        "max_completion_tokens": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": INT32_MAX,
-            "nullable": True,
-        },
-        "logprobs": {"type": "boolean"},
-        "top_logprobs": {
-            "type": "integer",
-            "minimum": 0,
-            "maximum": MAX_LOGPROBS,
-            "nullable": True,
-        },
-        "add_generation_prompt": {"type": "boolean"},
-        **_SAMPLING,
-    },
+    "required": REQUIRED["chat"],
+    "properties": properties(CHAT_FIELDS + COMMON_FIELDS),
 }
 _ERROR = {
     "type": "object",
@@ -147,7 +40,8 @@ _ERROR = {
                 "message": {"type": "string"},
                 "type": {"type": "string"},
                 "param": {"type": "string", "nullable": True},
-                "code": {"type": "string", "nullable": True},
+                "code": {"type": "integer"},
+                "reason": {"type": "string", "nullable": True},
             },
         }
     },

@@ -18,8 +18,11 @@ from pagedserve.services.gateway.tokenizer import TokenizerInfo
 from pagedserve.shared.protocol import PromptLogprobs
 
 
-def _entry(info: TokenizerInfo, token_id: int, logprob: float, rank: int) -> dict[str, Any]:
-    return {"logprob": clamp(logprob), "rank": rank, "decoded_token": info.token_text(token_id)}
+def _entry(
+    info: TokenizerInfo, token_id: int, logprob: float, rank: int, context: list[int]
+) -> dict[str, Any]:
+    decoded = info.token_text_after(token_id, context)
+    return {"logprob": clamp(logprob), "rank": rank, "decoded_token": decoded}
 
 
 def vllm_prompt_logprobs(
@@ -29,10 +32,11 @@ def vllm_prompt_logprobs(
         return None
     out: list[dict[str, Any] | None] = [None]
     for i, token_id in enumerate(prompt_ids[1:]):
+        context = prompt_ids[: i + 1]  # the prompt before this position
         position = {str(token_id): _entry(info, token_id, logprobs.token_logprobs[i],
-                                          logprobs.ranks[i])}  # fmt: skip
+                                          logprobs.ranks[i], context)}  # fmt: skip
         for rank, (top_id, value) in enumerate(logprobs.top_logprobs[i][:k], start=1):
-            position.setdefault(str(top_id), _entry(info, top_id, value, rank))
+            position.setdefault(str(top_id), _entry(info, top_id, value, rank, context))
         out.append(position)
     return out
 
@@ -41,7 +45,7 @@ def echo_completion_logprobs(
     info: TokenizerInfo, prompt_ids: list[int], logprobs: PromptLogprobs | None, k: int
 ) -> dict[str, Any]:
     """The prompt's part of a completions `logprobs` object (echo)."""
-    tokens = [info.token_text(t) for t in prompt_ids]
+    tokens = [info.token_text_after(t, prompt_ids[:i]) for i, t in enumerate(prompt_ids)]
     offsets, total = [], 0
     for token in tokens:
         offsets.append(total)
@@ -52,7 +56,7 @@ def echo_completion_logprobs(
         value = clamp(logprobs.token_logprobs[i]) if logprobs else 0.0
         top = {token: value}
         for top_id, top_value in logprobs.top_logprobs[i][:k] if logprobs else []:
-            top.setdefault(info.token_text(top_id), clamp(top_value))
+            top.setdefault(info.token_text_after(top_id, prompt_ids[: i + 1]), clamp(top_value))
         token_logprobs.append(value)
         top_logprobs.append(top)
     return {"tokens": tokens, "token_logprobs": token_logprobs, "top_logprobs": top_logprobs,

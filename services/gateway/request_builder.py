@@ -8,10 +8,10 @@ import time
 from dataclasses import dataclass
 
 from pagedserve.services.gateway.admission import check_text_fits
+from pagedserve.services.gateway.engine_fields import bad_words_token_ids
 from pagedserve.services.gateway.errors import bad_request
+from pagedserve.services.gateway.field_table import SEED_MAX, SEED_MIN
 from pagedserve.services.gateway.openai_schema import (
-    SEED_MAX,
-    SEED_MIN,
     ChatRequest,
     CompletionRequest,
     SamplingOptions,
@@ -68,6 +68,8 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         }
         if request.tools is not None:
             template_kwargs["tools"] = request.tools
+        if request.chat_template is not None:  # the route checked the server trusts it
+            template_kwargs["chat_template"] = request.chat_template
         text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)
         raise bad_request(f"the chat template rejected the messages: {exc}", "messages") from exc
@@ -98,7 +100,8 @@ def check_lengths(
     prompt_param: str = "prompt",
 ) -> None:
     """A 400 in vLLM's words (clients parse "maximum context length is (\\d+) tokens") when a
-    prompt cannot fit with its max_tokens."""
+    prompt leaves no room, or `max_tokens` alone exceeds the model length. A prompt that fits
+    but leaves fewer than `max_tokens` has its output capped at the model length (vLLM)."""
     for prompt in prompts:
         num_prompt = len(prompt.token_ids)
         if num_prompt >= max_model_len:
@@ -108,7 +111,7 @@ def check_lengths(
                 "room for the completion. Please reduce the length of the messages.",
                 prompt_param,
             )
-        if options.max_tokens is not None and num_prompt + options.max_tokens > max_model_len:
+        if options.max_tokens is not None and options.max_tokens > max_model_len:
             raise bad_request(
                 f"This model's maximum context length is {max_model_len} tokens. However, you "
                 f"requested {num_prompt + options.max_tokens} tokens ({num_prompt} in the "
@@ -146,10 +149,9 @@ def sampling_params(
                 f"`logit_bias` names token {token_id}, outside [0, {info.vocab_size})",
                 "logit_bias",
             )
-    max_tokens = options.max_tokens
-    if max_tokens is None:
-        max_tokens = info.max_model_len - num_prompt_tokens
-    seed = choice_seed(options, choice)
+    room = info.max_model_len - num_prompt_tokens
+    max_tokens = room if options.max_tokens is None else min(options.max_tokens, room)
+    seed = choice_seed(options, choice) if not options.beam_width else None
     return SamplingParams(
         temperature=options.temperature,
         top_p=options.top_p,
@@ -168,7 +170,35 @@ def sampling_params(
         prompt_logprobs=options.prompt_logprobs,
         logit_bias=options.logit_bias,
         structured_output=options.structured.output if options.structured else None,
+        allowed_token_ids=_allowed_token_ids(options, info),
+        bad_words_token_ids=_bad_words(options, info),
+        beam_width=options.beam_width,
+        length_penalty=options.length_penalty,
+        n=options.n if options.beam_width else 1,
     )
+
+
+def _allowed_token_ids(options: SamplingOptions, info: TokenizerInfo) -> tuple[int, ...] | None:
+    outside = [t for t in options.allowed_token_ids or () if t >= info.vocab_size]
+    if outside:
+        raise bad_request(
+            f"`allowed_token_ids` holds {outside[:5]}, outside the vocabulary "
+            f"[0, {info.vocab_size})",
+            "allowed_token_ids",
+        )
+    return options.allowed_token_ids
+
+
+def _bad_words(options: SamplingOptions, info: TokenizerInfo) -> tuple[tuple[int, ...], ...]:
+    token_ids = bad_words_token_ids(options.bad_words, info.tokenizer)
+    outside = [t for word in token_ids for t in word if t >= info.vocab_size]
+    if outside:
+        raise bad_request(
+            f"The model vocabulary size is {info.vocab_size}, but `bad_words` tokenize to "
+            f"{outside[:5]}, outside it",
+            "bad_words",
+        )
+    return token_ids
 
 
 def engine_requests(
@@ -179,7 +209,9 @@ def engine_requests(
     gateway_id: str,
 ) -> list[GenerateRequest]:
     """One engine request per (prompt, choice), ids `<request_id>-<choice index>`; with a
-    seed, choice i of a prompt samples with seed + i so that the choices differ."""
+    seed, choice i of a prompt samples with seed + i so that the choices differ. With beam
+    search only each prompt's first choice is sent: its n beams come back as the n choices
+    (`beam_leaders`)."""
     now = time.time()
     requests = []
     for prompt_index, prompt in enumerate(prompts):
@@ -193,6 +225,20 @@ def engine_requests(
                     gateway_id=gateway_id,
                     arrival_time=now,
                     priority=options.priority,
+                    cache_salt=options.cache_salt,
+                    sample_group=(
+                        f"{request_id}-p{prompt_index}"
+                        if options.n > 1 and not options.beam_width
+                        else None
+                    ),
                 )
             )
     return requests
+
+
+def beam_leaders(requests: list[GenerateRequest], n: int) -> list[GenerateRequest]:
+    """The requests the engine runs for `requests`' choices: all of them, or with beam search
+    (whose one request per prompt returns n beams) each prompt's first."""
+    if not requests or not requests[0].sampling.beam_width:
+        return requests
+    return requests[::n]

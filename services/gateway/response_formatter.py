@@ -4,15 +4,12 @@ token ids, usage in every chunk."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from pagedserve.services.gateway.hermes_tool_parser import (
-    HermesStreamParser,
-    StreamEvent,
-    merged_call_deltas,
-)
 from pagedserve.services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
+from pagedserve.services.gateway.output_modes import PLAIN_TEXT, ChoiceStream, OutputMode
 from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
 from pagedserve.services.gateway.prompt_logprobs import (
     echo_completion_logprobs,
@@ -20,11 +17,6 @@ from pagedserve.services.gateway.prompt_logprobs import (
     vllm_prompt_logprobs,
 )
 from pagedserve.services.gateway.tokenizer import TokenizerInfo
-from pagedserve.services.gateway.tool_calls import (
-    ToolCallMode,
-    as_auto_tool_message,
-    as_tool_call_message,
-)
 from pagedserve.services.gateway.vllm_options import OutputOptions
 
 
@@ -63,11 +55,9 @@ class ResponseFormatter:
     prompts: list[PromptView] = field(default_factory=list)
     n: int = 1  # choices per prompt
     logprobs_k: int = 0
-    tool_call: ToolCallMode | None = None  # chat outputs to return as tool_calls
-    auto_tools: bool = False  # chat outputs hold Hermes calls to read (tool_choice "auto")
-    tool_text_prefix: str = ""  # the open call a continued message's output completes
+    mode: OutputMode = PLAIN_TEXT  # how a chat output becomes a message (text, tool calls)
     _started: set[int] = field(default_factory=set)  # choices whose first chunk went out
-    _tool_parsers: dict[int, HermesStreamParser] = field(default_factory=dict)
+    _streams: dict[int, ChoiceStream] = field(default_factory=dict)  # per streamed chat choice
 
     def _envelope(self, object_name: str, choices: list[dict[str, Any]]) -> dict[str, Any]:
         return {
@@ -76,6 +66,7 @@ class ResponseFormatter:
             "created": self.created,
             "model": self.model,
             "choices": choices,
+            "system_fingerprint": None,  # as vLLM: the key is there, no fingerprint
         }
 
     def _prompt(self, index: int) -> PromptView:
@@ -108,23 +99,41 @@ class ResponseFormatter:
             "logprobs": None,
             "finish_reason": None,
         }
-        return self._envelope("chat.completion.chunk", [choice])
+        body = self._envelope("chat.completion.chunk", [choice])
+        if self.output.continuous_usage_stats:  # vLLM: usage in every chunk, this one too
+            body["usage"] = Usage(len(self._prompt(index).token_ids), 0, 0).body()
+        return body
 
     def chunk(
         self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor | None = None
-    ) -> dict[str, Any]:
+    ) -> dict[str, Any] | None:
+        """The chunk for one update of a streamed choice; None when there is nothing to send
+        yet (the output mode holds text back, or the update brought nothing)."""
+        if self.output.prompt_only:  # the generated token is counted, never shown
+            update = dataclasses.replace(update, text="", logprobs=[], token_ids=[])
+        if self.kind == "chat":
+            stream = self._streams.get(index) or self._streams.setdefault(index, self.mode.stream())
+            piece = stream.feed(update.text, update.finish_reason)
+            if piece is None:
+                return None
+            delta, reason = piece.delta, piece.finish_reason
+        else:
+            delta, reason = {"text": update.text} if update.text else {}, update.finish_reason
+        with_ids = bool(update.token_ids) and self.output.return_token_ids
+        if not (delta or update.logprobs or reason or with_ids):
+            return None
         first = index not in self._started
         self._started.add(index)
         logprobs = self._logprobs(update.logprobs, index, processor, first)
         if self.kind == "chat":
-            delta = {"content": update.text} if update.text else {}
-            choice = {"index": index, "delta": delta}
-            choice.update(logprobs=logprobs, finish_reason=update.finish_reason)
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
+            choice["stop_reason"] = update.stop_reason
             body = self._envelope("chat.completion.chunk", [choice])
         else:
             text = (self._echo_text(index) if first else "") + update.text
             choice = {"index": index, "text": text, "logprobs": logprobs}
-            choice["finish_reason"] = update.finish_reason
+            choice["finish_reason"] = reason
+            choice["stop_reason"] = update.stop_reason
             body = self._envelope("text_completion", [choice])
         self._add_stream_extras(body, choice, index, update, processor, first)
         return body
@@ -147,90 +156,46 @@ class ResponseFormatter:
             num_prompt = len(self._prompt(index).token_ids)
             body["usage"] = Usage(num_prompt, processor.num_output_tokens, 0).body()
 
-    def tool_call_chunk(
-        self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor
-    ) -> dict[str, Any]:
-        """A streamed tool call comes whole, in the chunk that finishes its choice."""
-        assert self.tool_call is not None
-        message = {"role": "assistant", "content": processor.text}
-        message, reason = as_tool_call_message(message, update.finish_reason, self.tool_call)
-        delta: dict[str, Any] = {"content": processor.text} if message.get("content") else {}
-        if "tool_calls" in message:
-            delta["tool_calls"] = [{"index": i, **c} for i, c in enumerate(message["tool_calls"])]
-        logprobs = self._logprobs(update.logprobs, index, processor, False)
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        return self._envelope("chat.completion.chunk", [choice])
-
-    def auto_tool_chunk(
-        self, index: int, update: ChoiceUpdate, processor: ChoiceProcessor | None
-    ) -> dict[str, Any] | None:
-        """A chat chunk of a streamed output read for Hermes calls: its content and call
-        deltas (vLLM's shape); None when the update adds nothing to send yet."""
-        parser = self._tool_parsers.get(index)
-        events: list[StreamEvent] = []
-        if parser is None:
-            parser = self._tool_parsers[index] = HermesStreamParser()
-            events += parser.feed(self.tool_text_prefix)
-        events += parser.feed(update.text)
-        if update.finish_reason is not None:
-            events += parser.finish()
-        if not (events or update.finish_reason or update.logprobs):
-            return None
-        first = index not in self._started
-        self._started.add(index)
-        delta: dict[str, Any] = {}
-        content = "".join(e.content for e in events)
-        if content:
-            delta["content"] = content
-        calls = merged_call_deltas(events)
-        if calls:
-            delta["tool_calls"] = calls
-        reason = update.finish_reason
-        if reason == "stop" and parser.called:
-            reason = "tool_calls"
-        logprobs = self._logprobs(update.logprobs, index, processor, False)
-        choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": reason}
-        body = self._envelope("chat.completion.chunk", [choice])
-        self._add_stream_extras(body, choice, index, update, processor, first)
-        return body
-
     def usage_chunk(self, usage: Usage) -> dict[str, Any]:
         name = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         body = self._envelope(name, [])
         body["usage"] = usage.body()
         return body
 
+    @property
+    def _prompt_logprobs_k(self) -> int | None:
+        """How many alternatives the prompt logprobs show: `prompt_logprobs`, or with `echo`
+        and `logprobs` the echoed prompt's (vLLM fills `prompt_logprobs` then too)."""
+        if self.output.prompt_logprobs is not None:
+            return self.output.prompt_logprobs
+        echoed = self.kind == "completion" and self.output.echo and self.want_logprobs
+        return self.logprobs_k if echoed else None
+
     def _prompt_logprobs(self, index: int, processor: ChoiceProcessor) -> list | None:
-        assert self.info is not None and self.output.prompt_logprobs is not None
+        k = self._prompt_logprobs_k
+        if k is None or self.info is None:
+            return None
         prompt_ids = self._prompt(index).token_ids
-        k = self.output.prompt_logprobs
         return vllm_prompt_logprobs(self.info, prompt_ids, processor.prompt_logprobs, k)
 
     def _full_choice(self, index: int, processor: ChoiceProcessor, entries: list) -> dict:
-        text = self._echo_text(index) + processor.text
+        prompt_only = self.output.prompt_only
+        text = self._echo_text(index) + ("" if prompt_only else processor.text)
+        entries = [] if prompt_only else entries
+        reason = processor.finish_reason
         if self.kind == "chat":
-            choice: dict[str, Any] = {
-                "index": index,
-                "message": {"role": "assistant", "content": text},
-            }
+            message, reason = self.mode.message(text, reason)
+            choice: dict[str, Any] = {"index": index, "message": message}
         else:
             choice = {"index": index, "text": text}
-            if self.output.prompt_logprobs is not None:
-                choice["prompt_logprobs"] = self._prompt_logprobs(index, processor)
+            choice["prompt_logprobs"] = self._prompt_logprobs(index, processor)
             if self.output.return_token_ids:
                 choice["prompt_token_ids"] = self._prompt(index).token_ids
         choice["logprobs"] = self._logprobs(entries, index, processor, True)
-        choice["finish_reason"] = processor.finish_reason
+        choice["finish_reason"] = reason
+        choice["stop_reason"] = processor.stop_reason
         if self.output.return_token_ids:
             choice["token_ids"] = processor.token_ids
-        if self.kind == "chat" and self.tool_call is not None:
-            choice["message"], choice["finish_reason"] = as_tool_call_message(
-                choice["message"], processor.finish_reason, self.tool_call
-            )
-        elif self.kind == "chat" and self.auto_tools:
-            choice["message"], choice["finish_reason"] = as_auto_tool_message(
-                choice["message"], processor.finish_reason, self.tool_text_prefix
-            )
         return choice
 
     def full(

@@ -18,13 +18,15 @@ class StopChecker:
     matched: str | None = field(default=None)  # the stop string that ended the text
     include_stop: bool = False  # vLLM's include_stop_str_in_output: show the stop string too
 
-    def add(self, text: str) -> str:
+    def add(self, text: str, search: bool = True) -> str:
         """Feed new text; return what may be shown now. After a match, `matched` is set and
-        the returned text ends right before the stop string."""
+        the returned text ends right before the stop string. Without `search` (vLLM's
+        `min_tokens` not reached yet) the text passes unsearched."""
         if self.matched is not None:
             return ""
         buffer = self.pending + text
-        if not self.stop:
+        if not self.stop or not search:
+            self.pending = ""
             return buffer
         hit = self._earliest_match(buffer)
         if hit is not None:

@@ -20,13 +20,7 @@ from typing import Any
 from pagedserve.services.gateway.errors import bad_request
 from pagedserve.services.gateway.grammar_syntax import is_lark
 from pagedserve.services.gateway.schema_canonical import canonical_schema
-from pagedserve.services.gateway.tool_calls import (
-    ToolCallMode,
-    hermes_calls_spec,
-    read_functions,
-    read_tool_choice,
-    wants_auto,
-)
+from pagedserve.services.gateway.tool_calls import ToolRequest
 from pagedserve.shared.protocol import StructuredOutput
 
 STRUCTURED_OUTPUTS_KEYS = ("json", "regex", "choice", "grammar", "json_object")
@@ -38,11 +32,10 @@ MAX_SPEC_CHARS = 64 * 1024
 
 @dataclass(frozen=True)
 class StructuredRequest:
-    """A request's constraint, and how to return its output when it is a tool call."""
+    """A request's constraint."""
 
     output: StructuredOutput
     param: str  # the parameter it came from, for error messages
-    tool_call: ToolCallMode | None = None  # None: not a forced call ("auto" reads its own)
 
 
 def json_spec(schema: Any, param: str) -> StructuredOutput:
@@ -155,7 +148,7 @@ def _from_structured_outputs(value: Any) -> StructuredOutput:
     return _from_vllm_form(given[0], value[given[0]], f"{param}.{given[0]}")
 
 
-def _candidates(body: dict[str, Any], chat: bool) -> list[StructuredRequest]:
+def _candidates(body: dict[str, Any], tools: ToolRequest | None) -> list[StructuredRequest]:
     found: list[StructuredRequest] = []
     if body.get("response_format") is not None:
         output = _from_response_format(body["response_format"])
@@ -171,29 +164,26 @@ def _candidates(body: dict[str, Any], chat: bool) -> list[StructuredRequest]:
         if body.get(key) is not None:
             output = _from_vllm_form(key.removeprefix("guided_"), body[key], key)
             found.append(StructuredRequest(output, key))
-    if body.get("tools"):
-        if not chat:
-            raise bad_request("`tools` is only supported by /v1/chat/completions", "tools")
-        tool = read_tool_choice(body)
-        if tool is not None:
-            found.append(StructuredRequest(tool[0], "tool_choice", tool[1]))
-        elif _may_constrain_auto_calls(body, found):
-            spec = hermes_calls_spec(body, read_functions(body))
-            found.append(StructuredRequest(spec, "tools"))
+    if tools is not None and tools.constraint is not None:
+        found.append(StructuredRequest(tools.constraint, "tool_choice"))
+    elif (
+        tools is not None
+        and tools.auto_constraint is not None
+        and not (found or body.get("ignore_eos"))
+    ):
+        # tool_choice "auto" constrains the calls the model may write, unless the request
+        # asks for what a constraint cannot honour (then calls are read leniently). With
+        # `min_tokens` the worker keeps EOS back until then, as vLLM does.
+        found.append(StructuredRequest(tools.auto_constraint, "tools"))
     return found
 
 
-def _may_constrain_auto_calls(body: dict[str, Any], found: list[StructuredRequest]) -> bool:
-    """tool_choice "auto" constrains the calls the model may write, unless the request asks
-    for another format or for what a constraint cannot honour (then calls are read leniently)."""
-    return (
-        wants_auto(body) and not found and not body.get("ignore_eos") and not body.get("min_tokens")
-    )
-
-
-def read_structured(body: dict[str, Any], chat: bool) -> StructuredRequest | None:
-    """The request's constraint, or None; a 400 for a malformed one or for more than one."""
-    found = _candidates(body, chat)
+def read_structured(
+    body: dict[str, Any], tools: ToolRequest | None = None
+) -> StructuredRequest | None:
+    """The request's constraint (`tools`: a chat request's, read by `tool_calls.read_tools`),
+    or None; a 400 for a malformed one or for more than one."""
+    found = _candidates(body, tools)
     if not found:
         return None
     if len(found) > 1:
@@ -211,11 +201,5 @@ def read_structured(body: dict[str, Any], chat: bool) -> StructuredRequest | Non
             f"`ignore_eos` cannot be combined with `{structured.param}`: a constrained output "
             "ends with the end-of-sequence token when its format is complete",
             "ignore_eos",
-        )
-    if body.get("min_tokens"):
-        raise bad_request(
-            f"`min_tokens` cannot be combined with `{structured.param}`: the format decides "
-            "where the output ends",
-            "min_tokens",
         )
     return structured

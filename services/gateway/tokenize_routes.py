@@ -18,8 +18,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from pagedserve.services.gateway.errors import bad_request
-from pagedserve.services.gateway.openai_schema import parse_chat_request, read_bool
+from pagedserve.services.gateway.openai_schema import parse_chat_request
 from pagedserve.services.gateway.request_builder import tokenize_chat
+from pagedserve.services.gateway.request_fields import BoolField
 from pagedserve.services.gateway.tokenizer import TokenizerInfo
 
 
@@ -39,10 +40,10 @@ def _tokenize_body(body: Any, info: TokenizerInfo) -> dict[str, Any]:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise bad_request("`prompt` must be a string (or send `messages`)", "prompt")
-        add_special = read_bool(body, "add_special_tokens", True)
+        add_special = BoolField("add_special_tokens", True).read(body)
         token_ids = info.tokenizer.encode(prompt, add_special_tokens=add_special)
     token_strs = None
-    if read_bool(body, "return_token_strs", False):
+    if BoolField("return_token_strs").read(body):
         token_strs = info.tokenizer.convert_ids_to_tokens(token_ids)
     return {
         "count": len(token_ids),

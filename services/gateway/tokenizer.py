@@ -23,6 +23,8 @@ from pagedserve.shared.model_files import (
 logger = logging.getLogger(__name__)
 
 FALLBACK_MAX_MODEL_LEN = 2048  # a model that states no length
+REPLACEMENT_CHAR = "\ufffd"  # what a lone byte of a multi-byte character decodes to
+MAX_CHAR_TOKENS = 4  # a UTF-8 character has at most 4 bytes, so spans at most 4 tokens
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,32 @@ class TokenizerInfo:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._token_texts[token_id] = text
         return text
+
+    def token_text_after(self, token_id: int, context_ids: list[int]) -> str:
+        """A token's text for logprobs after the tokens `context_ids` (vLLM's rule): its own
+        text, unless alone it is part of a multi-byte character (it ends in U+FFFD); then the
+        text it completes with up to `MAX_CHAR_TOKENS` tokens before it, or "" while the
+        character is still incomplete (its bytes show with the token that completes it)."""
+        text = self.token_text(token_id)
+        if not text.endswith(REPLACEMENT_CHAR):
+            return text
+        context = context_ids[-MAX_CHAR_TOKENS:]
+        for size in range(1, len(context) + 1):
+            tail = context[-size:]
+            whole = self.tokenizer.decode([*tail, token_id], skip_special_tokens=False)
+            if whole.endswith(REPLACEMENT_CHAR):
+                continue
+            # the tail tokens that are incomplete alone belong to this character
+            clean = len(tail)
+            while clean and self.token_text(tail[clean - 1]).endswith(REPLACEMENT_CHAR):
+                clean -= 1
+            prefix = self.tokenizer.decode(tail[:clean], skip_special_tokens=False)
+            shared = next(
+                (i for i, (a, b) in enumerate(zip(prefix, whole, strict=False)) if a != b),
+                min(len(prefix), len(whole)),
+            )  # the prefix's text, even where decoding normalized it differently
+            return whole[shared:]
+        return ""
 
 
 def _model_facts(model_dir: Path | None, tokenizer: Any) -> tuple[tuple[int, ...], int | None]:

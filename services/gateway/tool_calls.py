@@ -10,30 +10,30 @@ function generate JSON under the functions' parameter schemas, returned as OpenA
   with --enable-auto-tool-choice (`auto_tools.AutoTools` checks that, per request). One case is
   constrained: a continued assistant message that ends with an open `<tool_call>` (the client
   forcing a call) continues as one call object under the tools' schemas (`forced_call_spec`).
+
+A body's tools are read once (`read_tools`), into the output mode (`output_modes`) that the
+formatter renders with and the constraint the engine decodes under.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
 from dataclasses import dataclass
 from typing import Any
 
 from pagedserve.services.gateway.errors import bad_request
-from pagedserve.services.gateway.hermes_tool_parser import END_TAG, START_TAG, parse_hermes
+from pagedserve.services.gateway.hermes_tool_parser import END_TAG, START_TAG
+from pagedserve.services.gateway.output_modes import (
+    PLAIN_TEXT,
+    ForcedToolCall,
+    HermesToolCalls,
+    OutputMode,
+)
 from pagedserve.services.gateway.schema_canonical import canonical_schema
 from pagedserve.shared.protocol import StructuredOutput
 
 MAX_TOOLS = 128
 EMPTY_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
-
-
-@dataclass(frozen=True)
-class ToolCallMode:
-    """How to read a tool-call output: `function_name` set: the arguments of that function;
-    None: an array of {"name", "arguments"}."""
-
-    function_name: str | None
 
 
 def read_functions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -57,14 +57,6 @@ def read_functions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
             raise bad_request(f"`{param}.function.parameters` must be a JSON schema object", param)
         functions[name] = parameters
     return functions
-
-
-def rendered_tools(body: dict[str, Any]) -> list[dict[str, Any]] | None:
-    """The tools the chat template is given (as vLLM: all of them, unless tool_choice is
-    "none"); the body's `tools` were checked by `read_tool_choice` already."""
-    if not body.get("tools") or body.get("tool_choice") == "none":
-        return None
-    return list(body["tools"])
 
 
 def read_message_tool_fields(message: dict[str, Any], index: int) -> dict[str, Any]:
@@ -117,31 +109,49 @@ def _named_function(choice: dict[str, Any], functions: dict[str, dict[str, Any]]
     return name
 
 
-def wants_auto(body: dict[str, Any]) -> bool:
-    """Tools given with tool_choice "auto" (or none given, which means "auto")."""
-    return bool(body.get("tools")) and body.get("tool_choice") in (None, "auto")
+@dataclass(frozen=True)
+class ToolRequest:
+    """What a chat body's `tools` and `tool_choice` ask for, read once."""
+
+    rendered: list[dict[str, Any]] | None  # shown to the model by the template (vLLM: all)
+    mode: OutputMode  # how the output is returned
+    constraint: StructuredOutput | None  # a forced call's (or a forced open call's)
+    auto_constraint: StructuredOutput | None  # "auto": applies when nothing else constrains
+
+    @property
+    def auto(self) -> bool:
+        return isinstance(self.mode, HermesToolCalls)
 
 
-def read_tool_choice(body: dict[str, Any]) -> tuple[StructuredOutput, ToolCallMode | None] | None:
-    """The constraint that `tools` + `tool_choice` ask for, or None for "none" and for an
-    unforced "auto" (see `hermes_calls_spec`)."""
-    functions = read_functions(body)
-    choice = body.get("tool_choice", "auto")
-    if choice == "none":
+def read_tools(body: dict[str, Any]) -> ToolRequest | None:
+    """The request's tools, or None when it gives none; a 400 for a malformed one and for a
+    `tool_choice` that needs tools without any (as vLLM)."""
+    choice = body.get("tool_choice")
+    if not body.get("tools"):
+        if choice == "required" or isinstance(choice, dict):
+            raise bad_request("`tool_choice` 'required' or a named function needs `tools`",
+                              "tool_choice")  # fmt: skip
         return None
+    functions = read_functions(body)
+    if choice == "none":
+        return ToolRequest(None, PLAIN_TEXT, None, None)
+    rendered = list(body["tools"])
     if choice in ("auto", None):
-        spec = forced_call_spec(body, functions)
-        return None if spec is None else (spec, None)
+        prefix = open_call_prefix(body)
+        auto = hermes_calls_spec(body, functions)
+        return ToolRequest(rendered, HermesToolCalls(prefix), forced_call_spec(prefix, functions),
+                           auto)  # fmt: skip
     if isinstance(choice, dict):
         name = _named_function(choice, functions)
-        spec = json.dumps(canonical_schema(functions[name]))
-        return StructuredOutput("json", spec), ToolCallMode(name)
+        spec = StructuredOutput("json", json.dumps(canonical_schema(functions[name])))
+        return ToolRequest(rendered, ForcedToolCall(name), spec, None)
     if choice != "required":
         raise bad_request(
             f"`tool_choice` must be 'none', 'auto', 'required' or a function, got {choice!r}",
             "tool_choice",
         )
-    return StructuredOutput("json", json.dumps(_calls_schema(body, functions))), ToolCallMode(None)
+    spec = StructuredOutput("json", json.dumps(_calls_schema(body, functions)))
+    return ToolRequest(rendered, ForcedToolCall(None), spec, None)
 
 
 def _call_objects(functions: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
@@ -176,12 +186,10 @@ def open_call_prefix(body: dict[str, Any]) -> str:
     return content[start:]
 
 
-def forced_call_spec(
-    body: dict[str, Any], functions: dict[str, dict[str, Any]]
-) -> StructuredOutput | None:
-    """A continued message that ends with an open `<tool_call>` continues as one call object
-    under the tools' schemas."""
-    if open_call_prefix(body).strip() != START_TAG:
+def forced_call_spec(prefix: str, functions: dict[str, dict[str, Any]]) -> StructuredOutput | None:
+    """A continued message that ends with an open `<tool_call>` (`prefix`) continues as one
+    call object under the tools' schemas."""
+    if prefix.strip() != START_TAG:
         return None
     return StructuredOutput("json", json.dumps({"anyOf": _call_objects(functions)}))
 
@@ -219,52 +227,3 @@ def _calls_schema(body: dict[str, Any], functions: dict[str, dict[str, Any]]) ->
     if body.get("parallel_tool_calls") is False:
         schema["maxItems"] = 1
     return schema
-
-
-def tool_calls_from_text(text: str, mode: ToolCallMode) -> list[dict[str, Any]] | None:
-    """OpenAI `tool_calls` from a finished constrained output; None when it is not a
-    complete call (a truncated output stays text)."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if mode.function_name is not None:
-        calls = [(mode.function_name, value)]
-    elif isinstance(value, list) and all(isinstance(c, dict) and "name" in c for c in value):
-        calls = [(c["name"], c.get("arguments", {})) for c in value]
-    else:
-        return None
-    return [
-        {
-            "id": f"call_{uuid.uuid4().hex[:24]}",
-            "type": "function",
-            "function": {"name": name, "arguments": json.dumps(arguments, ensure_ascii=False)},
-        }
-        for name, arguments in calls
-    ]
-
-
-def as_auto_tool_message(
-    message: dict[str, Any], finish_reason: str | None, prefix: str = ""
-) -> tuple[dict[str, Any], str | None]:
-    """A chat message whose text holds Hermes calls, with the calls as `tool_calls` (and the
-    text outside them as content); "tool_calls" replaces "stop" when any call was made.
-    `prefix`: the open call of a continued message, which the text completes."""
-    content, calls = parse_hermes(prefix + (message.get("content") or ""))
-    if not calls:
-        return message, finish_reason
-    reason = "tool_calls" if finish_reason == "stop" else finish_reason
-    return {**message, "content": content, "tool_calls": [c.openai() for c in calls]}, reason
-
-
-def as_tool_call_message(
-    message: dict[str, Any], finish_reason: str | None, mode: ToolCallMode
-) -> tuple[dict[str, Any], str | None]:
-    """A chat message (and its finish reason) with the output turned into tool calls. As in
-    OpenAI's API, a forced (named) function finishes with "stop", "required" with
-    "tool_calls"."""
-    calls = tool_calls_from_text(message.get("content") or "", mode)
-    if calls is None or finish_reason != "stop":
-        return message, finish_reason
-    reason = "stop" if mode.function_name is not None else "tool_calls"
-    return {**message, "content": None, "tool_calls": calls}, reason

@@ -69,3 +69,19 @@ class KVCacheLayout:
             self.num_layers, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
             self.dtype, device,
         )  # fmt: skip
+
+
+def copy_blocks(
+    kv_caches: list[tuple[torch.Tensor, torch.Tensor]], block_copies: list[tuple[int, int]]
+) -> None:
+    """Copy whole blocks, K and V of every layer, source to destination (copy-on-write of
+    blocks that forked beams shared). Every source is read before any destination is
+    written: a block copied twice in one step gives both copies its content before the step."""
+    if not block_copies:
+        return
+    device = kv_caches[0][0].device
+    sources = torch.tensor([s for s, _ in block_copies], dtype=torch.long, device=device)
+    destinations = torch.tensor([d for _, d in block_copies], dtype=torch.long, device=device)
+    for key_cache, value_cache in kv_caches:  # each [num_blocks, block_size, H, D]
+        key_cache[destinations] = key_cache[sources]
+        value_cache[destinations] = value_cache[sources]

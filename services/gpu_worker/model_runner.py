@@ -27,7 +27,7 @@ from pagedserve.services.gpu_worker.attention.selector import get_attention_back
 from pagedserve.services.gpu_worker.default_model import ensure_model
 from pagedserve.services.gpu_worker.grammar_book import GrammarBook, StepMasks
 from pagedserve.services.gpu_worker.grammar_compiler import GrammarCompiler
-from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout
+from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout, copy_blocks
 from pagedserve.services.gpu_worker.layers.argmax import Argmax
 from pagedserve.services.gpu_worker.model_loader import load_model
 from pagedserve.services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
@@ -207,6 +207,7 @@ class ModelRunner:
         """Run one step plan; see the module docstring."""
         start = time.perf_counter()
         scheduled = self._apply_plan(plan)
+        copy_blocks(self.kv_caches, plan.block_copies)  # before the step writes into them
         if not scheduled:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)

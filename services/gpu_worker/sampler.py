@@ -1,12 +1,13 @@
 """Batched token sampling on rank 0.
 
-Order of operations, as vLLM (v1) does it: logit_bias and the min_tokens mask of EOS/stop
-tokens, then penalties (repetition over prompt + output, presence and frequency over output)
-apply to the raw logits; greedy rows (temperature < 1e-5) take the argmax; the others divide
-by temperature, drop tokens below min_p times the best token's probability, keep the top_k
-best, then the smallest set of those whose mass (renormalized over what top_k kept) reaches
-top_p, and sample. Reported logprobs are those of the raw model distribution (log_softmax of
-the unprocessed logits), for the sampled token and the top k alternatives.
+Order of operations, as vLLM (v1) does it: the allowed_token_ids and bad_words masks
+(token_masks.py), logit_bias, penalties (repetition over prompt + output, presence and
+frequency over output), a grammar's mask and the min_tokens mask of EOS/stop tokens apply to
+the raw logits; greedy rows (temperature < 1e-5) take the argmax; the others divide by
+temperature, drop tokens below min_p times the best token's probability, keep the top_k best,
+then the smallest set of those whose mass (renormalized over what top_k kept) reaches top_p,
+and sample. Reported logprobs are those of the raw model distribution (log_softmax of the
+unprocessed logits), for the sampled token and the top k alternatives.
 
 A row is sampled by inverse CDF: one uniform u per row, and the token whose interval of the
 cumulative distribution holds u. Seeded rows draw u from a generator seeded by (seed, number
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from pagedserve.services.gpu_worker.layers.argmax import Argmax
+from pagedserve.services.gpu_worker.token_masks import apply_token_masks, has_token_masks
 from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 from pagedserve.shared.request_bounds import MAX_LOGPROBS
 
@@ -126,20 +128,34 @@ def apply_logit_bias(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Ten
     return logits
 
 
-def mask_min_tokens(logits: torch.Tensor, rows: list[SamplingRow]) -> torch.Tensor:
-    """EOS and stop tokens cannot be sampled before a row has min_tokens outputs."""
+def mask_min_tokens(
+    logits: torch.Tensor, rows: list[SamplingRow], constrained: frozenset[int] = frozenset()
+) -> torch.Tensor:
+    """EOS and stop tokens cannot be sampled before a row has min_tokens outputs (as vLLM),
+    also where a grammar would allow ending: the format may not end early. A `constrained`
+    row whose grammar allows nothing else (its format is complete) keeps them: the format
+    then decides where the output ends."""
     row_ids: list[int] = []
     token_ids: list[int] = []
     for i, row in enumerate(rows):
         p = row.params
         if len(row.output_token_ids) < p.min_tokens:
             blocked = set(p.stop_token_ids) | (set() if p.ignore_eos else set(p.eos_token_ids))
+            if i in constrained and not _has_other_token(logits[i], blocked):
+                continue
             row_ids.extend([i] * len(blocked))
             token_ids.extend(blocked)
     if row_ids:
         logits = logits.clone()
         logits[torch.tensor(row_ids), torch.tensor(token_ids)] = float("-inf")
     return logits
+
+
+def _has_other_token(row_logits: torch.Tensor, blocked: set[int]) -> bool:
+    """Whether a token outside `blocked` can still be sampled from `row_logits` [V]."""
+    finite = torch.isfinite(row_logits)
+    finite[torch.tensor(sorted(blocked), dtype=torch.long)] = False
+    return bool(finite.any())
 
 
 TOP_CANDIDATES = (256, 4096)  # top-k / top-p try these many best tokens before a full sort
@@ -275,6 +291,7 @@ def _only_argmax(row: SamplingRow) -> bool:
         p.is_greedy
         and p.logprobs is None
         and not p.logit_bias
+        and not has_token_masks(p)
         and not _has_penalties(row)
         and len(row.output_token_ids) >= p.min_tokens
     )
@@ -298,15 +315,18 @@ def sample(
             return SamplerOutput(argmax(logits).tolist(), None, None)
         logits = logits.float()
     raw_logits = logits
+    logits = apply_token_masks(logits, [r.params for r in rows], [r.output_token_ids for r in rows])
     logits = apply_logit_bias(logits, rows)
     if _needs_penalties(rows):
         logits = apply_penalties(logits, rows)
-    logits = mask_min_tokens(logits, rows)
+    constrained: frozenset[int] = frozenset()
     if allowed is not None and allowed.row_ids:
         # A copy of the whole batch's logits only when they are still the raw ones and some
         # row reports logprobs (the caller does not read them after sampling).
         wants_logprobs = any(r.params.logprobs is not None for r in rows)
         logits = apply_allowed_tokens(logits, allowed, copy=logits is raw_logits and wants_logprobs)
+        constrained = frozenset(allowed.row_ids)
+    logits = mask_min_tokens(logits, rows, constrained)
     token_ids = argmax(logits)
     random_rows = [i for i, r in enumerate(rows) if not r.params.is_greedy]
     if random_rows:

@@ -18,7 +18,7 @@ from pagedserve.shared.options import add_options, use
 from pagedserve.shared.transport import TransportError
 
 SCHEDULER_OPTIONS = (
-    "redis_url", "namespace", "engine_id",
+    "redis_url", "redis_sentinel", "namespace", "engine_id",
     use("host", help="address to bind ZeroMQ on"), "plan_port", "result_port",
     "plan_address", "result_address",
     "tensor_parallel_size", "max_num_seqs",
@@ -46,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
         config = EngineLoopConfig(
             engine_id=args.engine_id,
             redis_url=args.redis_url,
+            redis_sentinel=args.redis_sentinel,
             namespace=args.namespace,
             plan_address=args.plan_address or f"tcp://{args.host}:{args.plan_port}",
             result_address=args.result_address or f"tcp://{args.host}:{args.result_port}",
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             drain_timeout_s=args.drain_timeout,
             worker_recovery_timeout_s=args.worker_recovery_timeout,
         )
+        config.redis_target  # noqa: B018 (a malformed --redis-sentinel fails here)
     except ValueError as exc:
         print(f"invalid configuration: {exc}", file=sys.stderr)
         return 2

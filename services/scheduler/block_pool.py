@@ -172,10 +172,6 @@ class BlockPool:
                 f"block {block.block_id} has ref_count {block.ref_count} but "
                 f"{holders[block.block_id]} block tables hold it"
             )
-            if block.ref_count > 1:
-                assert block.block_hash is not None, (
-                    f"block {block.block_id} is shared by {block.ref_count} tables but not cached"
-                )
 
     def _check_free_queue(self) -> None:
         free_ids = [b.block_id for b in self.free_queue.check_links()]

@@ -25,7 +25,6 @@ import contextlib
 import logging
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from pagedserve.services.scheduler.backoff import RedisBackoff
@@ -38,10 +37,13 @@ from pagedserve.services.scheduler.step_loop import StepLoop, StepLoopConfig
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.redis_client import RedisTarget, async_redis
 
 logger = logging.getLogger(__name__)
 
 GATEWAY_CHECK_INTERVAL_S = 3.0
+REDIS_CONNECT_TIMEOUT_S = 2.0
+REDIS_SOCKET_TIMEOUT_S = 5.0
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,11 @@ class EngineLoopConfig:
     drain_timeout_s: float = 5.0  # on SIGTERM: how long running requests may finish
     worker_recovery_timeout_s: float = 60.0  # workers lost this long: fail unfinished requests
     gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
+    redis_sentinel: str | None = None  # "HOST:PORT,.../SERVICE": the primary via sentinels
+
+    @property
+    def redis_target(self) -> RedisTarget:
+        return RedisTarget.of(self.redis_url, self.redis_sentinel)
 
     def step_loop_config(self) -> StepLoopConfig:
         return StepLoopConfig(
@@ -73,7 +80,15 @@ class EngineLoopConfig:
 class EngineLoop:
     def __init__(self, config: EngineLoopConfig) -> None:
         self.config = config
-        self.redis = aioredis.Redis.from_url(config.redis_url, decode_responses=False)
+        # Timeouts so that a Redis host that vanished from the network (no reset, no answer)
+        # fails calls like a dead one instead of holding the engine: its blocking reads wait
+        # 100 ms, far below the socket timeout.
+        self.redis = async_redis(
+            config.redis_target,
+            decode_responses=False,
+            socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
+            socket_timeout=REDIS_SOCKET_TIMEOUT_S,
+        )
         self.io = RedisIO(self.redis, RedisKeys(config.namespace), config.engine_id)
         self.link = WorkerLink(
             config.plan_address,

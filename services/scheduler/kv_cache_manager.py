@@ -10,7 +10,13 @@ when every layer of the model attends within a window, the largest of them is
 `sliding_window`, and a block whose tokens all lie before the window of the request's next
 token is read by no layer again. `allocate_slots` gives such blocks back to the pool first
 (a cached one stays findable by its hash until it is evicted); the table keeps their places
-(None), which the workers are told as `SKIPPED_BLOCK_ID` and never read."""
+(None), which the workers are told as `SKIPPED_BLOCK_ID` and never read.
+
+Beams (beam search) share blocks as the PagedAttention paper describes: `fork` gives a new
+sequence its parent's whole table, one more reference on each block, and `copy_on_write`
+gives a sequence about to write into a block that another table also holds a fresh block
+instead, recording (source, destination) for the workers to copy before the step runs
+(`take_block_copies`). Only a fork's unfilled last block is ever shared uncached."""
 
 from __future__ import annotations
 
@@ -38,6 +44,10 @@ class KVCacheManager:
         # request id -> its block table; None: a block given back (slid out of every window)
         self._tables: dict[str, list[KVBlock | None]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
+        self._block_copies: list[tuple[int, int]] = []  # (source, destination) for next plan
+        # digests of full blocks that a running parallel sample is computing (not cached yet)
+        # -> (its id, its sample group)
+        self._computing: dict[bytes, tuple[str, str]] = {}
 
     @property
     def num_free_blocks(self) -> int:
@@ -68,6 +78,19 @@ class KVCacheManager:
         self.pool.check_integrity(held)
         for request in running:
             self._check_table(request, self._tables.get(request.request_id, []))
+        self._check_shared_uncached(running)
+        stale = {rid for rid, _ in self._computing.values()} - set(self._tables)
+        assert not stale, f"blocks marked as being computed by requests without a table: {stale}"
+
+    def _check_shared_uncached(self, running: list[Request]) -> None:
+        """A block shared but not in the prefix cache can only have come from a fork."""
+        for r in running:
+            for block in self._tables.get(r.request_id, ()):
+                if block is not None and block.ref_count > 1 and block.block_hash is None:
+                    assert r.beam_group_id is not None, (
+                        f"block {block.block_id} is shared by {block.ref_count} tables but "
+                        f"not cached, and {r.request_id} is no beam"
+                    )
 
     def _check_table(self, r: Request, table: list[KVBlock | None]) -> None:
         ids = [b.block_id for b in table if b is not None]  # blocks given back hold no place
@@ -81,7 +104,7 @@ class KVCacheManager:
             f"{r.request_id} computed {r.num_computed_tokens} of {r.num_tokens} tokens "
             f"and {r.num_draft_tokens} drafts"
         )
-        assert r.num_sent_blocks == len(table), (
+        assert r.needs_full_send or r.num_sent_blocks == len(table), (
             f"{r.request_id}: workers know {r.num_sent_blocks} blocks, table has {len(table)}"
         )
 
@@ -102,6 +125,16 @@ class KVCacheManager:
                 break
             hit_blocks.append(block)
         return hit_blocks, len(hit_blocks) * self.block_size
+
+    def is_being_computed(self, request: Request, num_hit_blocks: int) -> bool:
+        """Whether the full block of `request` after its `num_hit_blocks` cached ones is being
+        computed by another sample of its group (the n samples of one prompt, admitted
+        together): waiting a step for it turns a copy of the prompt into a cache hit."""
+        hashes = request.block_hashes
+        if request.sample_group is None or num_hit_blocks >= len(hashes):
+            return False
+        holder_id, group = self._computing.get(hashes[num_hit_blocks], ("", None))
+        return group == request.sample_group and holder_id != request.request_id
 
     def allocate_slots(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock] = ()
@@ -130,6 +163,7 @@ class KVCacheManager:
             # Hit blocks are already in the cache map: do not hash them again.
             cached = self._num_cached_blocks.get(request.request_id, 0)
             self._num_cached_blocks[request.request_id] = cached + len(new_computed_blocks)
+        self._mark_computing(request, len(table))
         return appended
 
     def cache_blocks(self, request: Request) -> None:
@@ -148,13 +182,48 @@ class KVCacheManager:
             block = table[i]
             if block is not None:  # given back blocks were cached before they slid out
                 self.pool.cache_full_block(block, request.block_hashes[i])
+            self._stop_computing(request.block_hashes[i], rid)
         self._num_cached_blocks[rid] = num_full
+
+    def fork(self, parent: Request, child: Request) -> None:
+        """Give `child` (a new beam of `parent`, with its computed prefix) the parent's whole
+        block table: no block copied, one more reference on each."""
+        table = self._tables.get(parent.request_id, [])
+        self.pool.touch([b for b in table if b is not None])
+        self._tables[child.request_id] = list(table)
+        self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
+            parent.request_id, 0
+        )
+
+    def copy_on_write(self, request: Request) -> bool | None:
+        """Before `request` writes from `num_computed_tokens` on: if the block written into
+        is shared with another table, take a fresh one in its place and record the copy.
+        Returns whether a block was copied, or None, having changed nothing, when none is
+        free."""
+        table = self._tables.get(request.request_id)
+        index = request.num_computed_tokens // self.block_size
+        if not table or index >= len(table) or table[index].ref_count == 1:
+            return False
+        if self.pool.num_free_blocks == 0:
+            return None
+        shared = table[index]
+        (table[index],) = self.pool.get_new_blocks(1)
+        self.pool.free_blocks([shared])
+        self._block_copies.append((shared.block_id, table[index].block_id))
+        return True
+
+    def take_block_copies(self) -> list[tuple[int, int]]:
+        """The (source, destination) block copies recorded since the last call, in order."""
+        copies, self._block_copies = self._block_copies, []
+        return copies
 
     def free(self, request: Request) -> None:
         """Give back the request's blocks, last block first, so that a request's tail blocks
         (the least likely to be shared) are evicted before its prefix."""
         table = self._tables.pop(request.request_id, None)
-        self._num_cached_blocks.pop(request.request_id, None)
+        num_cached = self._num_cached_blocks.pop(request.request_id, 0)
+        for block_hash in request.block_hashes[num_cached:]:
+            self._stop_computing(block_hash, request.request_id)
         if table:
             self.pool.free_blocks(b for b in reversed(table) if b is not None)
 
@@ -171,6 +240,20 @@ class KVCacheManager:
         if skipped:
             table[:num_skipped] = [None] * num_skipped
             self.pool.free_blocks(reversed(skipped))
+
+    def _mark_computing(self, request: Request, num_blocks: int) -> None:
+        """The full blocks of known tokens that `request`'s table now holds uncached."""
+        if not self.enable_prefix_caching or request.sample_group is None:
+            return
+        num_full = min(num_blocks, request.num_tokens // self.block_size)
+        self._extend_hashes(request, num_full)
+        start = self._num_cached_blocks.get(request.request_id, 0)
+        for block_hash in request.block_hashes[start:num_full]:
+            self._computing.setdefault(block_hash, (request.request_id, request.sample_group))
+
+    def _stop_computing(self, block_hash: bytes, request_id: str) -> None:
+        if self._computing.get(block_hash, ("",))[0] == request_id:
+            del self._computing[block_hash]
 
     def _num_blocks_to_take(
         self, request: Request, num_new_tokens: int, new_computed_blocks: Sequence[KVBlock]
@@ -197,4 +280,5 @@ class KVCacheManager:
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash_block(parent, tokens[i * size : (i + 1) * size]))
+            block_tokens = tokens[i * size : (i + 1) * size]
+            hashes.append(hash_block(parent, block_tokens, request.cache_salt))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 from dataclasses import dataclass, field
 
@@ -31,6 +32,8 @@ class Request:
     arrival_time: float
     arrival_index: int  # tie-breaker: order of acceptance by this scheduler
     gateway_id: str = ""
+    cache_salt: str | None = None  # prefix-cache namespace, hashed into the first block
+    sample_group: str | None = None  # the n parallel samples of one prompt share this
     all_token_ids: list[int] = field(default_factory=list)
     num_prompt_tokens: int = 0
     num_computed_tokens: int = 0
@@ -42,6 +45,10 @@ class Request:
     num_draft_tokens: int = 0  # speculative tokens that plan also computed (in num_computed)
     num_preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # chained digests of full blocks
+    # beam search: the client's request id this sequence is a beam of (beam_groups.py)
+    beam_group_id: str | None = None
+    # the workers must get it in full next time (a beam forked, or its table rewritten)
+    needs_full_send: bool = False
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
@@ -57,8 +64,23 @@ class Request:
             arrival_time=request.arrival_time or now,
             arrival_index=arrival_index,
             gateway_id=request.gateway_id,
+            cache_salt=request.cache_salt,
+            sample_group=request.sample_group,
             all_token_ids=list(request.prompt_token_ids),
             num_prompt_tokens=len(request.prompt_token_ids),
+        )
+
+    def fork(self, request_id: str) -> Request:
+        """A copy of this sequence under a new id, sharing its computed prefix (a new beam):
+        the same tokens, progress and block digests; nothing sent to the workers yet."""
+        return dataclasses.replace(
+            self,
+            request_id=request_id,
+            all_token_ids=list(self.all_token_ids),
+            block_hashes=list(self.block_hashes),
+            num_sent_tokens=0,
+            num_sent_blocks=0,
+            needs_full_send=True,
         )
 
     @property

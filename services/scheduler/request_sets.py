@@ -36,6 +36,30 @@ class RequestSets:
         self.waiting.add_request(request)
         self.requests[request.request_id] = request
 
+    def add_running(self, request: Request) -> None:
+        """A sequence born running (a forked beam, its blocks already shared)."""
+        request.status = RUNNING
+        self.running.append(request)
+        self.requests[request.request_id] = request
+
+    def drop(self, request: Request) -> None:
+        """End a sequence that is part of a request (a beam) without finishing the request:
+        its blocks go back and the workers forget it. A running one stays in `running` until
+        `drop_finished_from_running`."""
+        if request.status is RequestStatus.FINISHED:
+            return
+        if request.status is RequestStatus.WAITING:
+            self.waiting.remove(request)
+        request.status = RequestStatus.FINISHED
+        self.kv.free(request)
+        del self.requests[request.request_id]
+        self.finished_ids.append(request.request_id)
+
+    def record_finished(self, request: Request) -> None:
+        """Count a finished request whose sequences were dropped (beam search)."""
+        self.finished_requests.append(request)
+        self.num_finished += 1
+
     def take_notices(self) -> tuple[list[str], list[str]]:
         """The ids finished and preempted since the last plan, for the next one."""
         notices = self.finished_ids, self.preempted_ids

@@ -31,6 +31,11 @@ def _type_problem(name: str, kind: str, value: object) -> str | None:
         isinstance(value, tuple) and all(is_int(v) for v in value)
     ):
         return f"{name} must be a list of integers, got {value!r}"
+    if kind == "tuple[tuple[int, ...], ...]" and not (
+        isinstance(value, tuple)
+        and all(isinstance(v, tuple) and all(is_int(t) for t in v) for v in value)
+    ):
+        return f"{name} must be a list of lists of integers, got {value!r}"
     return None
 
 
@@ -53,6 +58,8 @@ def _sampling_problems(sampling: SamplingParams, vocab_size: int) -> list[str]:
             ("stop_token_ids", sampling.stop_token_ids),
             ("eos_token_ids", sampling.eos_token_ids),
             ("logit_bias", biased),
+            ("allowed_token_ids", sampling.allowed_token_ids or ()),
+            ("bad_words", tuple(t for word in sampling.bad_words_token_ids for t in word)),
         )
         for name, ids in checked:
             outside = [t for t in ids if not 0 <= t < vocab_size]
@@ -82,6 +89,11 @@ def validate_request(request: GenerateRequest, vocab_size: int) -> None:
         raise RequestRejectedError(f"request {rid!r}: prompt token ids must be >= 0")
     if not is_int(request.priority):
         raise RequestRejectedError(f"request {rid!r}: priority must be an integer")
+    if request.sample_group is not None and not isinstance(request.sample_group, str):
+        raise RequestRejectedError(f"request {rid!r}: sample_group must be a string")
+    salt = request.cache_salt
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise RequestRejectedError(f"request {rid!r}: cache_salt must be a non-empty string")
     if not isinstance(request.sampling, SamplingParams):
         raise RequestRejectedError(f"request {rid!r}: sampling is not a SamplingParams")
     problems = _sampling_problems(request.sampling, vocab_size)
@@ -113,4 +125,27 @@ def check_fits(
             f"request {rid!r}: prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) "
             f"needs {num_needed} KV blocks of {block_size} tokens but the whole cache "
             f"has {num_blocks}"
+        )
+
+
+def check_beam_fits(
+    request: GenerateRequest, max_num_seqs: int, block_size: int, num_blocks: int
+) -> None:
+    """Raise `RequestRejectedError` if `request`'s beams could not all run at once here: more
+    beams than `max_num_seqs`, or more blocks than the cache holds were no block shared (so
+    that a beam search alone can always finish, whatever its beams share)."""
+    width = request.sampling.beam_width
+    if not width:
+        return
+    rid = request.request_id
+    if width > max_num_seqs:
+        raise RequestRejectedError(
+            f"request {rid!r}: beam search with {width} beams exceeds max_num_seqs ({max_num_seqs})"
+        )
+    num_tokens = len(request.prompt_token_ids) + request.sampling.max_tokens
+    num_needed = width * -(-num_tokens // block_size)
+    if num_needed > num_blocks:
+        raise RequestRejectedError(
+            f"request {rid!r}: {width} beams of up to {num_tokens} tokens may need "
+            f"{num_needed} KV blocks of {block_size} tokens but the whole cache has {num_blocks}"
         )

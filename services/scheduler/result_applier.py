@@ -14,6 +14,7 @@ import dataclasses
 import logging
 import time
 
+from pagedserve.services.scheduler.beam_groups import BeamGroups
 from pagedserve.services.scheduler.finish_rules import FINISH_ERROR, FINISH_LENGTH, check_stop
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_sets import RequestSets
@@ -33,9 +34,10 @@ RUNNING = RequestStatus.RUNNING
 
 
 class ResultApplier:
-    def __init__(self, config: SchedulerConfig, sets: RequestSets) -> None:
+    def __init__(self, config: SchedulerConfig, sets: RequestSets, beams: BeamGroups) -> None:
         self.config = config
         self.sets = sets
+        self.beams = beams
         self.num_steps = 0
         # speculative decoding, as vLLM counts it: sequence-steps with drafts, drafts checked,
         # drafts accepted (a draft of a request that left before its result is not counted)
@@ -52,15 +54,17 @@ class ResultApplier:
         scheduled = self._live_scheduled(plan)
         if result.error is not None:
             deltas = [
-                self.sets.finish(r, FINISH_ERROR, error=result.error, error_code=ERROR_ENGINE)
+                self._fail(r, result.error, ERROR_ENGINE)
                 for r in scheduled
+                if r.status is RUNNING  # a beam's group may have failed already
             ]
             self.sets.drop_finished_from_running()
-            return deltas
+            return [d for d in deltas if d is not None]
         for request in scheduled:
             request.num_computed_tokens -= request.num_draft_tokens  # accepted ones: `_append`
             self.sets.kv.cache_blocks(request)
         deltas = self._apply_samples(plan.step_id, result)
+        deltas += self.beams.advance()
         self._rerun_deferred(plan.step_id, result.deferred_seq_ids)
         deltas += self._fail_unsampled(scheduled, result.seq_errors)
         self.sets.drop_finished_from_running()
@@ -91,6 +95,11 @@ class ResultApplier:
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
                 continue
+            if request.first_token_time is None:
+                request.first_token_time = now
+            if request.beam_group_id is not None and result.top_logprobs is not None:
+                self.beams.add_result(request, result.top_logprobs[i])
+                continue
             prompt_logprobs = result.prompt_logprobs[i] if result.prompt_logprobs else None
             if request.sampling.max_tokens == 0:  # prompt only: done after the prefill
                 deltas.append(
@@ -99,8 +108,6 @@ class ResultApplier:
                 continue
             more = result.more_token_ids[i] if result.more_token_ids else []
             self._count_drafts(request.num_draft_tokens, len(more))
-            if request.first_token_time is None:
-                request.first_token_time = now
             delta = self._append(request, [token_id, *more[: request.num_draft_tokens]], i, result)
             if prompt_logprobs is not None:
                 delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)
@@ -126,8 +133,9 @@ class ResultApplier:
             reason, is_stop_token = check_stop(request, token_id, self.config.max_model_len)
             if not is_stop_token:
                 shown.append(token_id)
-            if reason is not None:
-                logprobs, top_logprobs = _logprobs(request, shown, index, result)
+            if reason is not None:  # the stop token's logprob goes too, as vLLM lists it
+                sampled = [*shown, token_id] if is_stop_token else shown
+                logprobs, top_logprobs = _logprobs(request, sampled, index, result)
                 return self.sets.finish(
                     request,
                     reason,
@@ -150,17 +158,25 @@ class ResultApplier:
         """A sequence whose step reached its last token must get one; without it, it would
         wait forever. Fail it loudly instead (with the worker's reason when it gave one: a
         grammar that does not compile is the request's fault)."""
-        return [
-            self.sets.finish(
-                r,
-                FINISH_ERROR,
-                error=errors.get(r.request_id)
-                or f"the worker returned no token for {r.request_id} in step {r.scheduled_step_id}",
-                error_code=ERROR_INVALID_REQUEST if r.request_id in errors else ERROR_ENGINE,
+        deltas = []
+        for r in scheduled:
+            if r.status is not RUNNING or r.num_computed_tokens != r.num_tokens:
+                continue
+            if r.beam_group_id is not None and self.beams.has_result(r):
+                continue  # sampled; its group waits for the other beams
+            error = errors.get(r.request_id) or (
+                f"the worker returned no token for {r.request_id} in step {r.scheduled_step_id}"
             )
-            for r in scheduled
-            if r.status is RUNNING and r.num_computed_tokens == r.num_tokens
-        ]
+            code = ERROR_INVALID_REQUEST if r.request_id in errors else ERROR_ENGINE
+            deltas.append(self._fail(r, error, code))
+        return [d for d in deltas if d is not None]
+
+    def _fail(self, request: Request, error: str, error_code: str) -> TokenDelta | None:
+        """Fail a request, or the beam search that `request` is a beam of (once)."""
+        fields = {"error": error, "error_code": error_code}
+        if request.beam_group_id is not None:
+            return self.beams.fail(request.beam_group_id, FINISH_ERROR, **fields)
+        return self.sets.finish(request, FINISH_ERROR, **fields)
 
 
 def _logprobs(

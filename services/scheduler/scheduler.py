@@ -16,13 +16,18 @@ import time
 from collections import deque
 from collections.abc import Iterable
 
+from pagedserve.services.scheduler.beam_groups import BeamGroups
 from pagedserve.services.scheduler.errors import RequestRejectedError
 from pagedserve.services.scheduler.finish_rules import FINISH_ABORT
 from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_queue import BaseRequestQueue, make_request_queue
 from pagedserve.services.scheduler.request_sets import RequestSets
-from pagedserve.services.scheduler.request_validator import check_fits, validate_request
+from pagedserve.services.scheduler.request_validator import (
+    check_beam_fits,
+    check_fits,
+    validate_request,
+)
 from pagedserve.services.scheduler.result_applier import ResultApplier
 from pagedserve.services.scheduler.stats import SchedulerStats
 from pagedserve.services.scheduler.step_planner import StepPlanner
@@ -58,8 +63,9 @@ class Scheduler:
         )
         waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
         self._sets = RequestSets(kv, waiting)
-        self._planner = StepPlanner(scheduler_config, self._sets)
-        self._applier = ResultApplier(scheduler_config, self._sets)
+        self._beams = BeamGroups(self._sets, scheduler_config.max_model_len)
+        self._planner = StepPlanner(scheduler_config, self._sets, self._beams)
+        self._applier = ResultApplier(scheduler_config, self._sets, self._beams)
         self._next_arrival_index = 0
         self._num_aborted = 0
 
@@ -103,13 +109,22 @@ class Scheduler:
         """Queue a request. Raises `RequestRejectedError` if it can never run here, or
         `QueueFullError` (retryable) if the waiting queue is at `max_waiting`."""
         self._validate(request)
-        self._sets.add(Request.from_generate(request, self._next_arrival_index, time.time()))
+        state = Request.from_generate(request, self._next_arrival_index, time.time())
+        if request.sampling.beam_width:
+            self._beams.start(state)
+        else:
+            self._sets.add(state)
         self._next_arrival_index += 1
 
     def abort_requests(self, request_ids: Iterable[str], reason: str = "abort") -> list[TokenDelta]:
         """Finish the given requests now (unknown ids are ignored), freeing their blocks."""
         deltas = []
         for request_id in request_ids:
+            if request_id in self._beams:
+                self._num_aborted += 1
+                deltas.append(self._beams.fail(request_id, FINISH_ABORT))
+                self._sets.drop_finished_from_running()
+                continue
             request = self._sets.requests.get(request_id)
             if request is None:
                 continue
@@ -126,6 +141,7 @@ class Scheduler:
         """The workers lost their state: every running sequence goes back to the head of the
         waiting queue, in its order, to be sent in full and recomputed. Returns how many."""
         num_preempted = self._sets.preempt_all_running()
+        self._beams.forget_results()
         # The workers' KV is gone with their state, so no cached block may be hit any more.
         self.kv.reset_prefix_cache()
         return num_preempted
@@ -164,10 +180,11 @@ class Scheduler:
     # -- validation, stats, invariants -----------------------------------------------------------
 
     def _validate(self, request: GenerateRequest) -> None:
-        if request.request_id in self._sets.requests:
+        if request.request_id in self._sets.requests or request.request_id in self._beams:
             raise RequestRejectedError(f"request id {request.request_id!r} is already in use")
         validate_request(request, self.vocab_size)
         check_fits(request, self.config.max_model_len, self.block_size, self.num_blocks)
+        check_beam_fits(request, self.config.max_num_seqs, self.block_size, self.num_blocks)
 
     def stats(self) -> SchedulerStats:
         num_free = self.kv.num_free_blocks

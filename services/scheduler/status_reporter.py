@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 from dataclasses import fields, replace
 
@@ -47,6 +48,7 @@ def link_status(engine_id: str, link: WorkerLink, workers_alive: bool) -> Engine
         num_workers=len(hellos),
         model=hellos[0].model if hellos else "",
         pid=os.getpid(),
+        host=socket.gethostname(),
     )
 
 

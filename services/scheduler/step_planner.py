@@ -8,13 +8,16 @@ if it is the newest; under the priority policy the lowest-priority one, even one
 planned this step, which is then taken out of the plan): its blocks are freed and it goes back
 to the head of the waiting queue, to be recomputed later. A plan is never sent without every
 block it needs already allocated. The workers hear of a sequence in full once
-(`NewSequence`), then only of what is new (`CachedSequence`).
+(`NewSequence`), then only of what is new (`CachedSequence`); a forked beam, or one whose
+shared block was just copied, in full again. A beam search is preempted whole, and its
+beams take no drafts (beam_groups.py).
 """
 
 from __future__ import annotations
 
 import time
 
+from pagedserve.services.scheduler.beam_groups import BeamGroups
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_sets import RequestSets
 from pagedserve.services.scheduler.speculation import draft_tokens
@@ -25,9 +28,10 @@ RUNNING = RequestStatus.RUNNING
 
 
 class StepPlanner:
-    def __init__(self, config: SchedulerConfig, sets: RequestSets) -> None:
+    def __init__(self, config: SchedulerConfig, sets: RequestSets, beams: BeamGroups) -> None:
         self.config = config
         self.sets = sets
+        self.beams = beams
         self.kv = sets.kv
         self._next_step_id = 0
         self.num_prefix_cache_queries = 0  # prompt tokens looked up at admission
@@ -38,11 +42,12 @@ class StepPlanner:
         self._next_step_id += 1
         num_preempted_before = self.sets.num_preemptions
         token_budget = self.config.max_num_batched_tokens
-        cached_seqs, token_budget = self._schedule_running(step_id, token_budget)
-        new_seqs: list[NewSequence] = []
+        planned, token_budget = self._schedule_running(step_id, token_budget)
+        new_seqs = [s for s in planned if isinstance(s, NewSequence)]
+        cached_seqs = [s for s in planned if isinstance(s, CachedSequence)]
         # Admitting while preempting would only thrash: the freed blocks go to the running.
         if self.sets.num_preemptions == num_preempted_before:
-            new_seqs = self._schedule_waiting(step_id, token_budget)
+            new_seqs += self._schedule_waiting(step_id, token_budget)
         new_ids = {s.seq_id for s in new_seqs}
         finished_ids, preempted_ids = self.sets.take_notices()
         return StepPlan(
@@ -52,6 +57,7 @@ class StepPlanner:
             finished_seq_ids=finished_ids,
             # A NewSequence replaces whatever a worker holds under its id.
             preempted_seq_ids=[i for i in preempted_ids if i not in new_ids],
+            block_copies=self.kv.take_block_copies(),
         )
 
     # -- the running ---------------------------------------------------------------------------
@@ -69,13 +75,17 @@ class StepPlanner:
 
     def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
         running = self.sets.running  # only changed in place while planning
-        planned: dict[str, CachedSequence] = {}  # in running order
+        planned: dict[str, CachedSequence | NewSequence] = {}  # in running order
         num_done = 0  # running[:num_done] are dealt with this step
         speculate = self._may_speculate()
         while num_done < len(running) and token_budget > 0:
             request = running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
-            drafts = self._drafts(request, token_budget) if speculate and num_new == 1 else []
+            drafts = (
+                self._drafts(request, token_budget)
+                if speculate and num_new == 1 and request.beam_group_id is None
+                else []
+            )
             num_new += len(drafts)
             if num_new > 0:  # else its sample is still in flight
                 for victim, index in self._allocate_or_preempt(request, num_new):
@@ -86,7 +96,11 @@ class StepPlanner:
                 if request.status is not RUNNING:
                     continue  # it preempted itself; running[num_done] is now the next one
                 token_budget -= num_new
-                planned[request.request_id] = self._cached_seq(request, num_new, step_id, drafts)
+                planned[request.request_id] = (
+                    self._new_seq(request, num_new, step_id)
+                    if request.needs_full_send
+                    else self._cached_seq(request, num_new, step_id, drafts)
+                )
             num_done += 1
         return list(planned.values()), token_budget
 
@@ -98,17 +112,29 @@ class StepPlanner:
     def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
         """Allocate `request`'s slots, preempting victims until they fit; returns each victim
         with its index in `running` before it left (the request itself last, if it went)."""
-        victims = []
-        running = self.sets.running
-        while self.kv.allocate_slots(request, num_new) is None:
-            victim = self._pick_victim()
-            index = running.index(victim)
-            del running[index]
-            self.sets.preempt(victim)
-            victims.append((victim, index))
-            if victim is request:
+        victims: list[tuple[Request, int]] = []
+        while not self._allocate(request, num_new):
+            for victim in self.beams.members(self._pick_victim()):
+                victims.append((victim, self._preempt(victim)))
+            if any(victim is request for victim, _ in victims):
                 break
         return victims
+
+    def _allocate(self, request: Request, num_new: int) -> bool:
+        """Copy a shared block about to be written, then allocate; False if out of blocks."""
+        copied = self.kv.copy_on_write(request)
+        if copied:
+            request.needs_full_send = True  # its table changed in place
+        return copied is not None and self.kv.allocate_slots(request, num_new) is not None
+
+    def _preempt(self, request: Request) -> int:
+        """Preempt a running request; returns its index in `running` before it left."""
+        running = self.sets.running
+        index = running.index(request)
+        del running[index]
+        self.sets.preempt(request)
+        self.beams.forget_results(request)
+        return index
 
     def _pick_victim(self) -> Request:
         """fcfs: the newest running request. priority: the lowest priority (largest value),
@@ -122,9 +148,14 @@ class StepPlanner:
     def _schedule_waiting(self, step_id: int, token_budget: int) -> list[NewSequence]:
         waiting, running = self.sets.waiting, self.sets.running
         new_seqs: list[NewSequence] = []
-        while waiting and token_budget > 0 and len(running) < self.config.max_num_seqs:
+        while waiting and token_budget > 0:
             request = waiting.peek()
+            num_seqs = len(running) + self.beams.num_reserved_seqs()
+            if num_seqs + self.beams.seqs_to_admit(request) > self.config.max_num_seqs:
+                break
             hit_blocks, num_hit = self.kv.get_computed_blocks(request)
+            if self.kv.is_being_computed(request, len(hit_blocks)):
+                break  # its prefix is computed this step by another: hit it next step
             num_new = request.num_tokens - num_hit
             if num_new > token_budget:
                 if not self.config.enable_chunked_prefill:
@@ -193,3 +224,4 @@ def _mark_sent(request: Request, num_new: int, num_blocks: int, step_id: int) ->
     request.num_computed_tokens += num_new
     request.scheduled_step_id = step_id
     request.num_draft_tokens = 0
+    request.needs_full_send = False

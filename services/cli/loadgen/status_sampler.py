@@ -86,9 +86,9 @@ class StatusSampler:
 
     async def _run(self) -> None:
         if self.redis_url:
-            import redis.asyncio as aioredis
+            from pagedserve.shared.redis_client import RedisTarget, async_redis
 
-            client: object = aioredis.Redis.from_url(self.redis_url)
+            client: object = async_redis(RedisTarget(self.redis_url))
             read = self._read_redis
         else:
             client = httpx.AsyncClient(timeout=5.0)

@@ -165,9 +165,13 @@ class ScriptedEngine:
             ))  # fmt: skip
             time.sleep(self.token_delay_s)
         if ends_with_eos and len(ids) == len(reply_ids):
+            logprobs = top = None
+            if k is not None:  # the stop token's logprob comes too, as the scheduler sends it
+                logprobs, top = [-0.25], [[(SCRIPTED_EOS, -0.25)][:k]]
             self._send(request.gateway_id, TokenDelta(
                 request.request_id, [], finish_reason="stop", num_prompt_tokens=num_prompt,
-                num_output_tokens=len(ids) + 1, stop_token_id=SCRIPTED_EOS,
+                num_output_tokens=len(ids) + 1, stop_token_id=SCRIPTED_EOS, logprobs=logprobs,
+                top_logprobs=top,
             ))  # fmt: skip
 
 

@@ -120,7 +120,7 @@ def test_open_stream_past_the_timeout_ends_with_abort(gateways, redis_url, info)
         refused = client.post("/v1/chat/completions", json=hello)
         health = client.get("/health")
     assert refused.status_code == 503 and refused.headers["retry-after"]
-    assert refused.json()["error"]["code"] == "shutting_down"
+    assert refused.json()["error"]["reason"] == "shutting_down"
     assert "shutting down" in refused.json()["error"]["message"]
     assert health.status_code == 503 and health.json()["status"] == "draining"
 

@@ -22,7 +22,7 @@ def error_of(response: httpx.Response, status: int) -> dict:
     assert response.status_code == status, response.text
     body = response.json()
     assert set(body) == {"error"}
-    assert set(body["error"]) == {"message", "type", "param", "code"}
+    assert set(body["error"]) == {"message", "type", "param", "code", "reason"}
     assert body["error"]["message"]
     return body["error"]
 
@@ -55,18 +55,18 @@ def test_bad_inputs_then_still_serving(gateway):
             assert fragment in error_of(r, status)["message"], (body, r.text)
         r = c.post("/v1/chat/completions", json={"messages": []})
         assert error_of(r, 400)["param"] == "messages"
-        assert error_of(c.get("/v1/nope"), 404)["code"] == "not_found"
+        assert error_of(c.get("/v1/nope"), 404)["reason"] == "not_found"
         assert error_of(c.get("/v1/completions"), 405)
         still_serving(c)
 
 
 def test_too_long_prompt_says_both_numbers(gateway, info):
     with gateway.client() as c:
-        r = c.post("/v1/completions", json={"prompt": [5] * 200, "max_tokens": 100})
+        r = c.post("/v1/completions", json={"prompt": [5] * 200, "max_tokens": 300})
     error = error_of(r, 400)
     assert error["message"].startswith(  # vLLM's words, which LangChain and LiteLLM parse
-        "This model's maximum context length is 256 tokens. However, you requested 300 "
-        "tokens (200 in the messages, 100 in the completion)."
+        "This model's maximum context length is 256 tokens. However, you requested 500 "
+        "tokens (200 in the messages, 300 in the completion)."
     )
     assert error["param"] == "max_tokens"
 
@@ -77,13 +77,13 @@ def test_chat_too_long_names_the_parameter_used(gateway):
         r = c.post("/v1/chat/completions", json={"messages": messages})
         assert error_of(r, 400)["param"] == "messages"
         short = [{"role": "user", "content": "hi"}]
-        r = c.post("/v1/chat/completions", json={"messages": short, "max_tokens": 250})
+        r = c.post("/v1/chat/completions", json={"messages": short, "max_tokens": 257})
         assert error_of(r, 400)["param"] == "max_tokens"
-        body = {"messages": short, "max_completion_tokens": 250}
+        body = {"messages": short, "max_completion_tokens": 257}
         error = error_of(c.post("/v1/chat/completions", json=body), 400)
         assert (
             error["param"] == "max_completion_tokens"
-            and "250 in the completion" in error["message"]
+            and "257 in the completion" in error["message"]
         )
 
 
@@ -99,7 +99,7 @@ def test_oversized_body_is_413(gateway):
                 yield b"a" * (1024 * 1024)
 
         r = c.post("/v1/completions", content=chunks())
-        assert error_of(r, 413)["code"] == "body_too_large"
+        assert error_of(r, 413)["reason"] == "body_too_large"
         still_serving(c)
 
 
@@ -117,7 +117,7 @@ def test_engine_errors_get_their_status(gateway, code, status, error_type):
             body = {"prompt": f"x [error:{code}]", "stream": stream}
             r = c.post("/v1/completions", json=body)
             error = error_of(r, status)
-            assert error["type"] == error_type and error["code"] == code
+            assert error["type"] == error_type and error["reason"] == code
             assert "scripted" in error["message"]
             if status == 503:
                 assert r.headers["retry-after"] == "1"
@@ -132,7 +132,7 @@ def test_engine_error_after_headers_is_a_final_event(gateway):
     events = [line[len("data: ") :] for line in r.text.splitlines() if line.startswith("data: ")]
     assert events[-1] == "[DONE]"
     error = json.loads(events[-2])["error"]
-    assert error["type"] == "server_error" and error["code"] == "engine_error"
+    assert error["type"] == "server_error" and error["reason"] == "engine_error"
     texts = [json.loads(e)["choices"][0]["text"] for e in events[:-2]]
     assert "".join(texts) == "Hello!"
 
@@ -148,7 +148,7 @@ def test_queue_full_is_503_with_retry_after(redis_url, info):
             response = c.post("/v1/completions", json={"prompt": "x"})
             error = error_of(response, 503)
             assert response.headers["retry-after"] == "1"
-            assert "2 pending, limit 2" in error["message"] and error["code"] == "queue_full"
+            assert "2 pending, limit 2" in error["message"] and error["reason"] == "queue_full"
             r.xdel(stream, *fillers)
             still_serving(c)
         r.close()
@@ -173,7 +173,7 @@ def test_redis_down_is_503_and_health_says_why(info):
 def test_api_key(gateway):
     url = gateway.base_url
     with httpx.Client(base_url=url, timeout=10) as anonymous:
-        assert error_of(anonymous.get("/v1/models"), 401)["code"] == "missing_api_key"
+        assert error_of(anonymous.get("/v1/models"), 401)["reason"] == "missing_api_key"
         wrong = {"Authorization": "Bearer sk-wrong"}
         r = anonymous.post("/v1/completions", json={"prompt": "x"}, headers=wrong)
         assert error_of(r, 401)["type"] == "authentication_error"

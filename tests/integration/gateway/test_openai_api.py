@@ -49,7 +49,8 @@ def test_max_tokens_gives_length(client, info):
     reply = client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=3)
     assert reply.choices[0].finish_reason == "length"
     ids = info.tokenizer.encode(DEFAULT_REPLY, add_special_tokens=False)[:3]
-    assert reply.choices[0].text == info.tokenizer.decode(ids)
+    # a cut inside a character holds its bytes back (vLLM): no U+FFFD
+    assert reply.choices[0].text == info.tokenizer.decode(ids).rstrip("\ufffd")
     assert reply.usage.completion_tokens == 3
 
 
@@ -99,7 +100,8 @@ def test_completion_logprobs_shape(client, info):
     reply = client.completions.create(model=MODEL_NAME, prompt="x", max_tokens=4, logprobs=2)
     lp = reply.choices[0].logprobs
     ids = info.tokenizer.encode(DEFAULT_REPLY, add_special_tokens=False)[:4]
-    assert lp.tokens == [info.token_text(t) for t in ids]
+    # a byte of an unfinished character shows as "" and the character with its last byte
+    assert lp.tokens == [info.token_text_after(t, ids[:i]) for i, t in enumerate(ids)]
     assert lp.token_logprobs == pytest.approx([-0.5, -0.6, -0.7, -0.8])
     assert len(lp.top_logprobs) == 4 and all(len(t) == 2 for t in lp.top_logprobs)
     assert lp.text_offset[0] == 0 and lp.text_offset == sorted(lp.text_offset)

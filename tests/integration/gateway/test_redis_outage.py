@@ -161,4 +161,4 @@ def test_an_engine_seen_dead_while_redis_answers_still_ends_streams(
     for reader in readers:
         reader.join(timeout=60)
         assert not reader.is_alive()
-        assert [e["error"]["code"] for e in reader.errors] == ["no_live_engine"]
+        assert [e["error"]["reason"] for e in reader.errors] == ["no_live_engine"]

@@ -44,7 +44,7 @@ def test_bad_input_is_a_400_naming_the_field(gateway, info):
         r = c.post("/tokenize", json={"prompt": 5})
         assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
         r = c.post("/tokenize", json={"prompt": "x", "model": "other"})
-        assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found"
+        assert r.status_code == 404 and r.json()["error"]["reason"] == "model_not_found"
 
 
 def test_version(gateway):

@@ -39,6 +39,10 @@ def test_request_histograms(gateway, info):
     assert sample(text, "vllm:request_generation_tokens_sum") == 2 * 4 + reply_len + 1
     assert sample(text, "vllm:request_params_n_sum") == 2 + 2 + 1
     assert sample(text, "vllm:request_params_max_tokens_sum") == 4 + 4 + 50
+    assert sample(text, "vllm:request_max_num_generation_tokens_sum") == 4 + 4 + 50
+    cached = 2 * min(3, len(info.tokenizer.encode("one two"))) + 3  # the scripted engine's 3
+    assert sample(text, "vllm:prompt_tokens_cached_total") == cached
+    assert sample(text, "vllm:request_time_per_output_token_seconds_count") == 3
     for phase in ("prefill", "decode", "inference"):
         assert sample(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
     inference = sample(text, "vllm:request_inference_time_seconds_sum")
@@ -54,7 +58,7 @@ def test_iteration_tokens_and_cache_config_from_the_engines(gateway):
     for index, histogram in enumerate(histograms):
         publish(gateway, EngineStatus(
             f"e{index}", time=time.time(), workers_alive=True, num_total_blocks=500 + index,
-            block_size=16, iteration_tokens=histogram.encode(),
+            block_size=16, iteration_tokens=histogram.encode(), num_waiting=2 + index,
         ))  # fmt: skip
     with gateway.client() as c:  # /metrics reads a view of Redis refreshed every 0.25 s
         text = wait_for_sample(c, "vllm:iteration_tokens_total_count", 4)
@@ -64,6 +68,9 @@ def test_iteration_tokens_and_cache_config_from_the_engines(gateway):
                               text, re.M))  # fmt: skip
     assert float(buckets["1.0"]) == 1 and float(buckets["8.0"]) == 2
     assert float(buckets["128.0"]) == 3 and float(buckets["+Inf"]) == 4
+    waiting = dict(re.findall(r'^vllm:num_requests_waiting_by_reason\{[^}]*reason="(\w+)"\} (\S+)$',
+                              text, re.M))  # fmt: skip
+    assert waiting == {"capacity": "5.0", "deferred": "0.0"}
     infos = re.findall(r"^vllm:cache_config_info\{([^}]*)\} 1\.0$", text, re.M)
     assert len(infos) == 2
     assert all('block_size="16"' in labels for labels in infos)

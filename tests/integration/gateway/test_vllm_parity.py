@@ -73,10 +73,10 @@ def test_seeds_are_any_int64(client, gateway):
 
 def test_context_length_error_in_vllms_words(client):
     with pytest.raises(openai.BadRequestError) as error:
-        client.completions.create(model=MODEL_NAME, prompt=[5] * 200, max_tokens=100)
+        client.completions.create(model=MODEL_NAME, prompt=[5] * 200, max_tokens=300)
     message = error.value.body["message"]
     assert re.search(r"maximum context length is (\d+) tokens", message)[1] == "256"
-    assert "However, you requested 300 tokens (200 in the messages, 100 in the completion)" in (
+    assert "However, you requested 500 tokens (200 in the messages, 300 in the completion)" in (
         message
     )
 
@@ -115,7 +115,8 @@ def test_echo_with_logprobs_and_max_tokens_0_is_lm_eval_loglikelihood(client, in
     assert logprobs.token_logprobs[1:] == pytest.approx(expected)
     assert all(len(top) == 2 for top in logprobs.top_logprobs[1:])  # the token and the best
     assert logprobs.text_offset[0] == 0 and logprobs.text_offset == sorted(logprobs.text_offset)
-    assert reply.usage.completion_tokens == 0 and reply.usage.prompt_tokens == len(prompt_ids)
+    # the one token vLLM generates for it is counted, not shown
+    assert reply.usage.completion_tokens == 1 and reply.usage.prompt_tokens == len(prompt_ids)
 
 
 def test_echo_prepends_the_prompt_and_its_logprobs_to_the_completion(client, info):

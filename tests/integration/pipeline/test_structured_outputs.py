@@ -218,3 +218,20 @@ def test_invalid_specs_are_400s_before_queueing(client, model):
             client.chat.completions.create(model=model, messages=MESSAGES, **kwargs)
         assert info.value.status_code == 400
         assert info.value.body["param"] == param, info.value.body
+
+
+def test_min_tokens_keeps_a_format_that_may_end_going(client, model):
+    """vLLM's rule: EOS stays masked until min_tokens, also under a constraint; a regex that
+    may end after one "ab" writes at least min_tokens tokens, and still matches."""
+    for seed in range(3):
+        reply = client.completions.create(
+            model=model, prompt="Letters:", max_tokens=40, temperature=1.0, seed=seed,
+            extra_body={"structured_outputs": {"regex": "(ab)+"}, "min_tokens": 12,
+                        "return_token_ids": True},
+        )  # fmt: skip
+        choice = reply.choices[0]
+        assert reply.usage.completion_tokens >= 12
+        if choice.finish_reason == "stop":
+            assert re.fullmatch("(ab)+", choice.text), choice.text
+        else:  # cut by max_tokens, maybe inside a pair
+            assert re.fullmatch("(ab)*a?", choice.text), choice.text

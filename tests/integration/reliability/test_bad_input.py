@@ -97,7 +97,7 @@ HOSTILE_JSON = {
     "stop token id beyond the vocabulary": {**OK, "stop_token_ids": [10**9]},
     "NUL bytes in the prompt": {**OK, "prompt": "a\u0000b"},
     "unknown model": {**OK, "model": "gpt-17"},
-    "unsupported field": {**OK, "use_beam_search": True},
+    "unsupported field": {**OK, "prompt_embeds": "abc"},
     "stream_options without stream": {**OK, "stream_options": {"include_usage": True}},
     "too many prompts": {**OK, "prompt": ["a"] * 1000},
 }

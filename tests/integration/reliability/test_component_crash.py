@@ -110,7 +110,7 @@ def test_a_killed_worker_that_never_returns_fails_requests_with_a_clear_error(
     for result in results:
         assert result.status == 200 and result.done, result
         assert result.error is not None, result
-        assert result.error["error"]["code"] == "engine_error"
+        assert result.error["error"]["reason"] == "engine_error"
         assert "lost its workers" in result.error["error"]["message"]
         assert "none came back within 3s" in result.error["error"]["message"]
     wait_for("every block free", lambda: all_blocks_free(pipeline), 10)

@@ -168,11 +168,11 @@ def test_with_no_engine_left_open_streams_end_with_an_error_event(pipeline):
     )
     for result in results:
         assert result.status == 200 and result.done, result
-        assert result.error is not None and result.error["error"]["code"] == "no_live_engine"
+        assert result.error is not None and result.error["error"]["reason"] == "no_live_engine"
         assert "no engine has been live" in result.error["error"]["message"]
     # The last status ages out (TTL), then the gateway waits its engine-loss timeout.
     assert took_s < ENGINE_STATUS_TTL_S + ENGINE_LOSS_TIMEOUT_S + SLACK_S
     # A new request now is refused at once with a retryable 503, not queued forever.
     answer = httpx.post(f"{pipeline.base_url()}/v1/completions", json={**BODY, "prompt": "x"},
                         timeout=30)  # fmt: skip
-    assert answer.status_code == 503 and answer.json()["error"]["code"] == "no_live_engine"
+    assert answer.status_code == 503 and answer.json()["error"]["reason"] == "no_live_engine"

@@ -11,6 +11,7 @@ import redis
 from pagedserve.services.cli.health_probe import check_engine, check_gateway, main
 from pagedserve.services.cli.ports import free_port
 from pagedserve.shared.keys import RedisKeys
+from pagedserve.shared.redis_client import RedisTarget
 from pagedserve.shared.status import EngineStatus, to_fields
 
 NS = "probe"
@@ -23,16 +24,19 @@ def write_status(client: redis.Redis, age_s: float, workers_alive: bool = True) 
 
 def test_engine_health(redis_server, redis_client: redis.Redis) -> None:
     url = redis_server.url
-    assert "has no status at probe:engine:engine0" in check_engine(url, NS, "engine0")
+    target = RedisTarget(url)
+    assert "has no status at probe:engine:engine0" in check_engine(target, NS, "engine0")
     write_status(redis_client, age_s=1)
-    assert check_engine(url, NS, "engine0") is None
+    assert check_engine(target, NS, "engine0") is None
     assert main(["engine", "--redis-url", url, "--namespace", NS, "--engine-id", "engine0"]) == 0
     write_status(redis_client, age_s=1, workers_alive=False)
-    assert "a worker rank that does not answer" in check_engine(url, NS, "engine0")
+    assert "a worker rank that does not answer" in check_engine(target, NS, "engine0")
     write_status(redis_client, age_s=60)
-    assert "status is 60 s old (limit 15 s)" in check_engine(url, NS, "engine0")
+    assert "status is 60 s old (limit 15 s)" in check_engine(target, NS, "engine0")
     assert main(["engine", "--redis-url", url, "--namespace", NS, "--engine-id", "engine0"]) == 1
-    assert "cannot reach Redis" in check_engine("redis://127.0.0.1:1/0", NS, "engine0")
+    assert "cannot reach Redis" in check_engine(RedisTarget("redis://127.0.0.1:1/0"), NS, "engine0")
+    bad_sentinel = ["engine", "--redis-sentinel", "127.0.0.1/primary", "--namespace", NS]
+    assert main(bad_sentinel) == 2
 
 
 def test_gateway_health() -> None:

@@ -89,7 +89,7 @@ def test_empty_namespace_reads_as_zeros(redis_client: redis.Redis) -> None:
 
 def test_engines_show_load_kv_and_heartbeat(redis_client: redis.Redis) -> None:
     write_engine(redis_client, "engine0", num_running=3, num_waiting=7, kv_usage=0.25,
-                 num_free_blocks=75, num_total_blocks=100)  # fmt: skip
+                 num_free_blocks=75, num_total_blocks=100, host="node-a")  # fmt: skip
     write_engine(redis_client, "engine1", age_s=60)  # stale heartbeat
     redis_client.sadd(KEYS.engines, "engine2")  # registered, status expired
     engines = {e["engine_id"]: e for e in read_queue(redis_client, NS)["engines"]}
@@ -99,7 +99,9 @@ def test_engines_show_load_kv_and_heartbeat(redis_client: redis.Redis) -> None:
     assert engines["engine1"]["alive"] is False
     assert engines["engine2"] == {"engine_id": "engine2", "alive": False, "heartbeat_age_s": None}
     text = render_queue(read_queue(redis_client, NS))
-    engine0_line = next(line for line in text.splitlines() if line.startswith("engine0  yes"))
+    engine0_line = next(
+        line for line in text.splitlines() if line.startswith("engine0  node-a  yes")
+    )
     assert "25.0%" in engine0_line and "75/100" in engine0_line
     assert "no (status expired)" in text
 

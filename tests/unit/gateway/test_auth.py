@@ -37,7 +37,8 @@ def test_wrong_or_missing_key_is_a_401_in_openai_shape(header, code):
     assert error.status == 401
     assert error.body() == {
         "error": {
-            "message": error.message, "type": "authentication_error", "param": None, "code": code,
+            "message": error.message, "type": "authentication_error", "param": None, "code": 401,
+            "reason": code,
         }
     }  # fmt: skip
 

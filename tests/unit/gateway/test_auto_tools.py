@@ -15,9 +15,9 @@ from pagedserve.services.gateway.errors import APIError
 from pagedserve.services.gateway.gateway_config import GatewayConfig
 from pagedserve.services.gateway.grammar_validator import library_error
 from pagedserve.services.gateway.openai_schema import parse_chat_request
+from pagedserve.services.gateway.output_modes import HermesToolCalls
 from pagedserve.services.gateway.output_processor import ChoiceUpdate
 from pagedserve.services.gateway.response_formatter import ResponseFormatter
-from pagedserve.services.gateway.tool_calls import as_auto_tool_message
 
 TEMPLATE = Path(__file__).parents[2] / "fixtures" / "hermes_tool_template.jinja"
 WEATHER = {
@@ -76,14 +76,14 @@ def test_a_continued_open_call_is_constrained_to_one_call_object():
         messages=[ASK, {"role": "assistant", "content": "Sure.\n<tool_call>\n"}],
         tools=[WEATHER], continue_final_message=True, add_generation_prompt=False,
     )  # fmt: skip
-    assert request.auto_tools and request.tool_text_prefix == "<tool_call>\n"
+    assert request.mode == HermesToolCalls("<tool_call>\n")
     spec = json.loads(request.sampling.structured.output.spec)
     (call,) = spec["anyOf"]
     assert list(call["properties"]) == ["name", "arguments"]  # Hermes' order, not sorted
     assert call["properties"]["name"] == {"enum": ["get_weather"]}
     free = chat(messages=[ASK, {"role": "assistant", "content": "Let me"}], tools=[WEATHER],
                 continue_final_message=True, add_generation_prompt=False)  # fmt: skip
-    assert free.tool_text_prefix == ""  # no open call: the ordinary "auto" constraint
+    assert free.mode == HermesToolCalls("")  # no open call: the ordinary "auto" constraint
     assert free.sampling.structured.output.kind == "structural_tag"
 
 
@@ -108,7 +108,8 @@ def test_auto_calls_are_free_text_until_a_call_starts_then_follow_the_schema():
     assert not accepts(compiled, call.replace('"city"', '"town"'))
     # with another format asked for, or a bound a constraint cannot keep: read leniently
     assert chat(tools=[WEATHER], guided_regex="a+").sampling.structured.param == "guided_regex"
-    assert chat(tools=[WEATHER], min_tokens=3).sampling.structured is None
+    assert chat(tools=[WEATHER], ignore_eos=True).sampling.structured is None
+    assert chat(tools=[WEATHER], min_tokens=3).sampling.structured.param == "tools"
 
 
 def test_history_tool_calls_reach_the_template_with_object_arguments():
@@ -130,23 +131,23 @@ def test_history_tool_calls_reach_the_template_with_object_arguments():
 
 def test_whole_output_becomes_tool_calls_with_the_continued_prefix():
     text = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
-    message, reason = as_auto_tool_message({"content": text}, "stop", "<tool_call>\n")
+    message, reason = HermesToolCalls("<tool_call>\n").message(text, "stop")
     assert reason == "tool_calls" and message["content"] is None
     (call,) = message["tool_calls"]
     assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    plain, reason = as_auto_tool_message({"content": "It is sunny."}, "stop")
-    assert plain == {"content": "It is sunny."} and reason == "stop"
+    plain, reason = HermesToolCalls().message("It is sunny.", "stop")
+    assert plain == {"role": "assistant", "content": "It is sunny."} and reason == "stop"
 
 
 def test_stream_chunks_have_vllm_shape():
-    formatter = ResponseFormatter("chat", "id", "m", 0, False, auto_tools=True)
+    formatter = ResponseFormatter("chat", "id", "m", 0, False, mode=HermesToolCalls())
     pieces = ["Checking. ", "<tool_call>\n", '{"name": "get_weather", ', '"arguments": {"city"',
               ': "Paris"}}\n</tool_call>']  # fmt: skip
     chunks = []
     for position, piece in enumerate(pieces):
         last = position == len(pieces) - 1
         update = ChoiceUpdate(piece, [], "stop" if last else None)
-        chunk = formatter.auto_tool_chunk(0, update, processor=None)
+        chunk = formatter.chunk(0, update, processor=None)
         if chunk is not None:
             chunks.append(chunk["choices"][0])
     assert chunks[0]["delta"] == {"content": "Checking. "}

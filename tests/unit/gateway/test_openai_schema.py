@@ -3,13 +3,8 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.services.gateway.errors import APIError
-from pagedserve.services.gateway.openai_schema import (
-    MAX_BATCH_PROMPTS,
-    MAX_N,
-    MAX_STOP_STRINGS,
-    parse_chat_request,
-    parse_completion_request,
-)
+from pagedserve.services.gateway.field_table import MAX_BATCH_PROMPTS, MAX_N, MAX_STOP_STRINGS
+from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
 
 
 def completion(**fields):
@@ -29,7 +24,8 @@ def refused(parse, param: str, *fragments: str, **fields) -> APIError:
     for fragment in fragments:
         assert fragment in error.message, error.message
     body = error.body()["error"]
-    assert set(body) == {"message", "type", "param", "code"}
+    assert set(body) == {"message", "type", "param", "code", "reason"}
+    assert body["code"] == 400  # vLLM's integer status; `reason` is our finer word
     assert body["type"] == "invalid_request_error"
     return error
 

@@ -41,10 +41,11 @@ def test_default_max_tokens_is_16_for_completions_and_the_rest_for_chat(info):
     assert chat.sampling.max_tokens == info.max_model_len - len(prompt.token_ids)
 
 
-def test_max_tokens_0_stays_0(info):
-    (request,) = build(info, max_tokens=0)
-    assert request.sampling.max_tokens == 0
-    request.sampling.validate()
+def test_max_tokens_0_is_refused_but_with_echo(info):
+    with pytest.raises(APIError, match="at least 1"):
+        build(info, max_tokens=0)
+    (request,) = build(info, max_tokens=0, echo=True)
+    assert request.sampling.max_tokens == 1  # generated and counted, not shown (vLLM)
 
 
 def test_negative_and_large_seeds_are_distinct_int64(info):
@@ -63,15 +64,21 @@ def test_sampled_requests_without_a_seed_get_a_random_one_per_choice(info):
 
 def test_too_long_says_both_numbers(info):
     with pytest.raises(APIError) as error:
-        build(info, max_tokens=info.max_model_len)
+        build(info, max_tokens=info.max_model_len + 1)
     message = error.value.message
     assert error.value.status == 400 and error.value.param == "max_tokens"
     num_prompt = len(info.tokenizer.encode("hi there"))
     assert message.startswith(
         f"This model's maximum context length is {info.max_model_len} tokens. However, you "
-        f"requested {num_prompt + info.max_model_len} tokens ({num_prompt} in the messages, "
-        f"{info.max_model_len} in the completion)."
+        f"requested {num_prompt + info.max_model_len + 1} tokens ({num_prompt} in the "
+        f"messages, {info.max_model_len + 1} in the completion)."
     )
+
+
+def test_a_prompt_that_leaves_less_than_max_tokens_caps_the_output(info):
+    (request,) = build(info, max_tokens=info.max_model_len)
+    num_prompt = len(info.tokenizer.encode("hi there"))
+    assert request.sampling.max_tokens == info.max_model_len - num_prompt
 
 
 def test_prompt_alone_too_long(info):

@@ -10,7 +10,7 @@ import pytest
 from pagedserve.services.gateway.errors import APIError
 from pagedserve.services.gateway.grammar_validator import GrammarValidator, library_error
 from pagedserve.services.gateway.openai_schema import parse_chat_request, parse_completion_request
-from pagedserve.services.gateway.tool_calls import ToolCallMode, as_tool_call_message
+from pagedserve.services.gateway.output_modes import ForcedToolCall
 from pagedserve.shared.protocol import StructuredOutput
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
@@ -97,7 +97,8 @@ def test_malformed_forms_are_400s_naming_the_parameter():
 
 def test_combinations_that_cannot_be_honoured_are_refused():
     refused(chat, "ignore_eos", "end-of-sequence", guided_regex="a", ignore_eos=True)
-    refused(chat, "min_tokens", "format decides", guided_regex="a", min_tokens=2)
+    # min_tokens holds EOS back until then, also under a constraint (vLLM; the sampler)
+    assert chat(guided_regex="a+", min_tokens=2).sampling.min_tokens == 2
     refused(completion, "tools", "chat/completions", tools=[WEATHER], tool_choice="required")
 
 
@@ -106,7 +107,7 @@ def test_tools_named_required_none_and_auto():
         tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}}
     )
     structured = named.sampling.structured
-    assert structured is not None and structured.tool_call == ToolCallMode("get_weather")
+    assert structured is not None and named.mode == ForcedToolCall("get_weather")
     assert json.loads(structured.output.spec) == WEATHER["function"]["parameters"]
     required = chat(tools=[WEATHER], tool_choice="required", parallel_tool_calls=False)
     schema = json.loads(required.sampling.structured.output.spec)
@@ -121,21 +122,18 @@ def test_tools_named_required_none_and_auto():
 
 
 def test_tool_call_outputs_become_openai_tool_calls():
-    message = {"role": "assistant", "content": '{"city": "Paris"}'}
-    out, reason = as_tool_call_message(message, "stop", ToolCallMode("get_weather"))
+    out, reason = ForcedToolCall("get_weather").message('{"city": "Paris"}', "stop")
     assert out["content"] is None and reason == "stop"
     assert out["tool_calls"][0]["function"] == {
         "name": "get_weather",
         "arguments": '{"city": "Paris"}',
     }
     text = '[{"name": "get_weather", "arguments": {"city": "Oslo"}}]'
-    out, reason = as_tool_call_message({"content": text}, "stop", ToolCallMode(None))
+    out, reason = ForcedToolCall(None).message(text, "stop")
     assert reason == "tool_calls" and json.loads(out["tool_calls"][0]["function"]["arguments"]) == {
         "city": "Oslo"
     }
-    truncated, reason = as_tool_call_message(
-        {"content": '{"city": "Pa'}, "length", ToolCallMode("x")
-    )
+    truncated, reason = ForcedToolCall("x").message('{"city": "Pa', "length")
     assert truncated["content"] == '{"city": "Pa' and reason == "length"
 
 

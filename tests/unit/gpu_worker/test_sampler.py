@@ -133,6 +133,26 @@ def test_min_tokens_blocks_eos_and_stop_tokens_until_reached():
     assert sample(logits, [row(**params, output=[4, 4])]).token_ids == [0]
 
 
+def allow_only(token_ids: list[int], vocab: int) -> torch.Tensor:
+    """A one-row xgrammar-layout bitmask [1, ceil(V / 32)] allowing only `token_ids`."""
+    bits = torch.zeros(-(-vocab // 32) * 32, dtype=torch.int64)
+    bits[token_ids] = 1
+    words = (bits.view(-1, 32) << torch.arange(32)).sum(-1)
+    return ((words + 2**31) % 2**32 - 2**31).to(torch.int32).unsqueeze(0)
+
+
+def test_min_tokens_keeps_a_grammar_from_ending_early_unless_it_is_complete():
+    from pagedserve.services.gpu_worker.sampler import AllowedTokens
+
+    logits = torch.tensor([[9.0, 8.0, 7.0] + [0.0] * (VOCAB - 3)])
+    params = dict(temperature=0.0, min_tokens=3, max_tokens=5, eos_token_ids=(0,))
+    may_end = AllowedTokens([0], allow_only([0, 2], VOCAB))  # EOS or token 2
+    assert sample(logits, [row(**params)], may_end).token_ids == [2]
+    assert sample(logits, [row(**params, output=[2, 2, 2])], may_end).token_ids == [0]
+    complete = AllowedTokens([0], allow_only([0], VOCAB))  # nothing but EOS is left
+    assert sample(logits, [row(**params)], complete).token_ids == [0]
+
+
 def test_logprobs_are_of_the_raw_distribution_with_top_alternatives():
     logits = make_logits(2, seed=5)
     out = sample(logits, [row(temperature=0.5, logprobs=3), row(temperature=0.0)])

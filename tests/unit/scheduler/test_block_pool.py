@@ -98,9 +98,8 @@ def test_pool_integrity_holds_and_names_each_broken_invariant() -> None:
     pool.check_integrity([table])
     with pytest.raises(AssertionError, match="block 1 has ref_count 1 but 0 block tables"):
         pool.check_integrity([table[:1]])  # a table forgot a block it holds: a leak
-    pool.touch(table[1:])  # a second reference on an uncached block
-    with pytest.raises(AssertionError, match="shared by 2 tables but not cached"):
-        pool.check_integrity([table, table[1:]])
+    pool.touch(table[1:])  # a second reference on an uncached block: a fork's (beams)
+    pool.check_integrity([table, table[1:]])  # the KV cache manager checks who shares it
     pool.free_blocks(table[1:])
     table[0].block_hash = hash_block(None, [3, 4])  # the map still files it under [1, 2]
     with pytest.raises(AssertionError, match="cache map points hash"):

@@ -18,7 +18,7 @@ def test_the_engine_takes_logprobs_up_to_the_bound_and_names_it_beyond(field: st
 
 
 def test_int64_is_the_seed_range_of_the_gateway_and_the_engine() -> None:
-    from pagedserve.services.gateway.openai_schema import SEED_MAX, SEED_MIN
+    from pagedserve.services.gateway.field_table import SEED_MAX, SEED_MIN
 
     assert (SEED_MIN, SEED_MAX) == (INT64_MIN, INT64_MAX) == (-(2**63), 2**63 - 1)
 
