@@ -84,7 +84,11 @@ def grouped_experts(
             outputs[start:end] = F.linear(hidden, w2[expert])
             start = end
     outputs.mul_(weights.reshape(-1)[order].unsqueeze(1).to(outputs.dtype))
-    return torch.zeros_like(x).index_add_(0, token_of, outputs)
+    # back to (token, choice) order and summed over the choices: a scatter-add (index_add_)
+    # of the sorted rows takes a slow serial path on the CPU
+    by_choice = torch.empty_like(outputs)
+    by_choice[order] = outputs
+    return by_choice.view(-1, top_k, x.shape[1]).sum(dim=1)
 
 
 class ExpertsOp(CustomOp):
