@@ -21,26 +21,27 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from benchmarks.machine_info import machine_info
+from pagedserve.services.gpu_worker.layers.fused_moe import StackedExperts
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import prepack_linears
 
 
 def per_token_experts(
     x: torch.Tensor,  # [T, H]
-    w13: torch.Tensor,  # [E, 2I, H]
-    w2: torch.Tensor,  # [E, H, I]
+    experts: StackedExperts,
     weights: torch.Tensor,  # [T, k]
     ids: torch.Tensor,  # [T, k]
     act_and_mul: nn.Module,
 ) -> torch.Tensor:
-    """The baseline: each token through each of its experts, one row at a time."""
+    """The baseline: each token through each of its experts, one row at a time (through
+    the same linear methods as the grouped path)."""
     out = torch.zeros_like(x)
     for t, (token_weights, token_ids) in enumerate(zip(weights, ids.tolist(), strict=True)):
         for weight, expert in zip(token_weights, token_ids, strict=True):
-            hidden = act_and_mul(F.linear(x[t : t + 1], w13[expert]))
-            out[t] += weight * F.linear(hidden, w2[expert])[0]
+            hidden = act_and_mul(experts.product("w13_weight", expert, x[t : t + 1]))
+            out[t] += weight * experts.product("w2_weight", expert, hidden)[0]
     return out
 
 
@@ -62,6 +63,8 @@ def build_layer(args: argparse.Namespace) -> nn.Module:
     layer = mixtral_moe(config)
     for param in layer.parameters():
         param.data.normal_(0, 0.02)
+    if not args.no_prepack:  # as the CPU platform serves it
+        prepack_linears(layer)
     return layer.eval()
 
 
@@ -107,6 +110,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top-k", type=int, default=2)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--no-prepack", action="store_true", help="torch's F.linear products")
     p.add_argument("--out", default=None)
     args = p.parse_args(argv)
     layer = build_layer(args)

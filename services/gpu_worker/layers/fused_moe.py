@@ -21,6 +21,7 @@ from torch import nn
 
 from pagedserve.services.gpu_worker.layers.activation import activation_and_mul
 from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
+from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
 from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
@@ -61,8 +62,7 @@ def softmax_top_k(
 
 def grouped_experts(
     x: torch.Tensor,  # [T, H]
-    w13: torch.Tensor,  # [E, 2I, H]
-    w2: torch.Tensor,  # [E, H, I]
+    experts: StackedExperts,
     weights: torch.Tensor,  # [T, k]
     ids: torch.Tensor,  # [T, k]
     act_and_mul: nn.Module,  # [n, 2I] -> [n, I]
@@ -72,16 +72,15 @@ def grouped_experts(
     top_k = ids.shape[1]
     flat_ids = ids.reshape(-1)
     order = flat_ids.argsort(stable=True)  # (token, choice) pairs grouped by expert
-    token_of = order // top_k
-    rows = x[token_of]  # [T*k, H]
+    rows = x[order // top_k]  # [T*k, H]
     outputs = torch.empty_like(rows)
-    counts = torch.bincount(flat_ids, minlength=w13.shape[0]).tolist()
+    counts = torch.bincount(flat_ids, minlength=experts.num_experts).tolist()
     start = 0
     for expert, count in enumerate(counts):
         if count:
             end = start + count
-            hidden = act_and_mul(F.linear(rows[start:end], w13[expert]))
-            outputs[start:end] = F.linear(hidden, w2[expert])
+            hidden = act_and_mul(experts.product("w13_weight", expert, rows[start:end]))
+            outputs[start:end] = experts.product("w2_weight", expert, hidden)
             start = end
     outputs.mul_(weights.reshape(-1)[order].unsqueeze(1).to(outputs.dtype))
     # back to (token, choice) order and summed over the choices: a scatter-add (index_add_)
@@ -93,10 +92,11 @@ def grouped_experts(
 
 class ExpertsOp(CustomOp):
     """The grouped expert products; every form is the torch one for now (a Triton fused-MoE
-    kernel would be `forward_cuda`)."""
+    kernel would be `forward_cuda`). Each product goes through the expert's linear method,
+    which the CPU platform swaps for its packed one at load."""
 
     def forward_native(self, *args: torch.Tensor | nn.Module) -> torch.Tensor:
-        return grouped_experts(*args)  # x, w13, w2, weights, ids, act_and_mul
+        return grouped_experts(*args)  # x, experts, weights, ids, act_and_mul
 
 
 class ReplicatedLinear(nn.Module):
@@ -121,6 +121,13 @@ class StackedExperts(nn.Module):
         self.size = divide(intermediate_size, get_tp_world_size(), "moe intermediate features")
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.size, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.size))
+        # (parameter name, expert) -> its linear method where a platform gave it one
+        self.linear_methods: dict[tuple[str, int], BaseLinearMethod] = {}
+
+    def product(self, name: str, expert: int, rows: torch.Tensor) -> torch.Tensor:
+        """rows W^T with expert `expert`'s `w13_weight` or `w2_weight`."""
+        method = self.linear_methods.get((name, expert), PLAIN_LINEAR)
+        return method.apply(rows, getattr(self, name)[expert])
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
         """Copy this rank's slice of one expert's checkpoint projection into its place."""
@@ -170,9 +177,7 @@ class FusedMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = softmax_top_k(self.gate(x), self.top_k, self.renormalize)
-        out = self.compute_experts(
-            x, self.experts.w13_weight, self.experts.w2_weight, weights, ids, self.act_and_mul
-        )
+        out = self.compute_experts(x, self.experts, weights, ids, self.act_and_mul)
         out = all_reduce(out)  # the one all-reduce of the routed experts
         if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

@@ -9,16 +9,18 @@ import torch
 
 from benchmarks.moe_grouping import main, per_token_experts
 from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
-from pagedserve.services.gpu_worker.layers.fused_moe import grouped_experts
+from pagedserve.services.gpu_worker.layers.fused_moe import StackedExperts, grouped_experts
 
 
 def test_the_baseline_computes_what_the_grouped_path_does():
-    x, w13, w2 = torch.randn(7, 16), torch.randn(4, 24, 16), torch.randn(4, 16, 12)
-    weights, ids = torch.rand(7, 2), torch.randint(0, 4, (7, 2))
+    experts = StackedExperts(4, 16, 12)
+    experts.w13_weight.data.normal_()
+    experts.w2_weight.data.normal_()
+    x, weights, ids = torch.randn(7, 16), torch.rand(7, 2), torch.randint(0, 4, (7, 2))
     act = SiluAndMul()
     torch.testing.assert_close(
-        per_token_experts(x, w13, w2, weights, ids, act),
-        grouped_experts(x, w13, w2, weights, ids, act),
+        per_token_experts(x, experts, weights, ids, act),
+        grouped_experts(x, experts, weights, ids, act),
         rtol=1e-4,
         atol=1e-4,
     )

@@ -12,6 +12,7 @@ from pagedserve.services.gpu_worker.layers.fused_moe import (
     softmax_top_k,
 )
 from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import can_prepack, prepack_linears
 
 HIDDEN, INTERMEDIATE = 32, 48
 
@@ -52,12 +53,12 @@ def test_renormalisation_changes_the_result():
 
 def test_tokens_choosing_one_expert_all_land_in_its_group():
     x = torch.randn(6, HIDDEN)
-    w13 = torch.randn(3, 2 * INTERMEDIATE, HIDDEN)
-    w2 = torch.randn(3, HIDDEN, INTERMEDIATE)
+    moe = FusedMoE(HIDDEN, INTERMEDIATE, 3, 2, True)
+    w13 = moe.experts.w13_weight.data.normal_()
+    w2 = moe.experts.w2_weight.data.normal_()
     ids = torch.tensor([[2, 0]] * 6)
     weights = torch.tensor([[0.75, 0.25]] * 6)
-    moe = FusedMoE(HIDDEN, INTERMEDIATE, 3, 2, True)
-    out = grouped_experts(x, w13, w2, weights, ids, moe.act_and_mul)
+    out = grouped_experts(x, moe.experts, weights, ids, moe.act_and_mul)
 
     def expert(e):
         gate, up = (x @ w13[e].T).chunk(2, dim=-1)
@@ -88,3 +89,11 @@ def test_bad_expert_tensors_and_routing_are_refused_naming_the_problem():
         moe.experts.load_expert(1, "up", torch.zeros(INTERMEDIATE - 1, HIDDEN))
     with pytest.raises(ValueError, match=r"num_experts_per_tok must be in 1\.\.4"):
         FusedMoE(HIDDEN, INTERMEDIATE, 4, 5, True)
+
+
+def test_experts_packed_by_the_cpu_platform_give_the_same_output():
+    moe = loaded_moe(4, 2, True)
+    x = torch.randn(21, HIDDEN)
+    plain = moe(x)
+    assert prepack_linears(moe) >= 2 * 4 or not can_prepack(moe.experts.w2_weight[0])
+    torch.testing.assert_close(moe(x), plain, rtol=1e-5, atol=1e-5)
