@@ -130,3 +130,25 @@ def paged_prefill_attention(
         seq_out = torch.einsum("kgql,lkd->qkgd", probs, values)  # [Q, Hkv, G, D]
         out[start:end] = seq_out.reshape(num_new, num_heads, head_dim).to(query.dtype)
     return out
+
+
+def moe_reference(
+    x: torch.Tensor,  # [T, H]
+    router_weight: torch.Tensor,  # [E, H]
+    w13: torch.Tensor,  # [E, 2I, H] gate rows then up rows
+    w2: torch.Tensor,  # [E, H, I]
+    top_k: int,
+    renormalize: bool,
+) -> torch.Tensor:  # [T, H]
+    """A mixture of SwiGLU experts token by token: the oracle of the grouped expert path.
+    Each token's softmax over the router logits, its `top_k` experts (their probabilities
+    scaled to sum 1 where `renormalize`), and the weighted sum of those experts' outputs."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        probs = torch.softmax((router_weight @ x[t]).float(), dim=-1)
+        chosen = probs.topk(top_k).indices
+        weights = probs[chosen] / probs[chosen].sum() if renormalize else probs[chosen]
+        for weight, expert in zip(weights.tolist(), chosen.tolist(), strict=True):
+            gate, up = (w13[expert] @ x[t]).chunk(2)
+            out[t] += weight * (w2[expert] @ (torch.nn.functional.silu(gate) * up))
+    return out

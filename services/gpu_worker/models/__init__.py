@@ -8,9 +8,12 @@ from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
 from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.mixtral import MixtralForCausalLM
 from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM
 from pagedserve.services.gpu_worker.models.phi3 import Phi3ForCausalLM
+from pagedserve.services.gpu_worker.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
+from pagedserve.services.gpu_worker.models.qwen3_moe import Qwen3MoeForCausalLM
 
 MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
@@ -23,6 +26,9 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
     "Gemma3ForCausalLM": Gemma3ForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
 }
 
 
@@ -38,6 +44,9 @@ _MODEL_TYPES = {
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3_text": "Gemma3ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 
 

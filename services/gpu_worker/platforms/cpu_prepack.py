@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.services.gpu_worker.layers.fused_moe import StackedExperts
 from pagedserve.services.gpu_worker.layers.linear_method import BaseLinearMethod
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
@@ -202,6 +203,18 @@ def packing_of(layer: nn.Module) -> Fp32Packing | Bf16Packing | None:
     return method.packing if isinstance(method, CpuPackedLinear) else None
 
 
+def prepack_experts(experts: StackedExperts) -> int:
+    """Give each expert's gate/up and down products the packed method (a MoE layer's
+    experts are one stacked parameter each, not linear layers); returns how many."""
+    num_packed = 0
+    for name in ("w13_weight", "w2_weight"):
+        for expert, weight in enumerate(getattr(experts, name)):
+            if can_prepack(weight):
+                experts.linear_methods[name, expert] = CpuPackedLinear(pack_weight(weight))
+                num_packed += 1
+    return num_packed
+
+
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
     """Give every layer of `model` that has a linear method and a packable weight the packed
     method, packing on `num_threads` threads (default: the current count); returns how many
@@ -214,6 +227,8 @@ def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
             if hasattr(module, "linear_method") and can_prepack(module.weight):
                 module.linear_method = CpuPackedLinear(pack_weight(module.weight))
                 num_packed += 1
+            elif isinstance(module, StackedExperts):
+                num_packed += prepack_experts(module)
         return num_packed
     finally:
         torch.set_num_threads(previous_threads)

@@ -87,25 +87,30 @@ def test_tp2_over_gloo_matches_hf(tiny_llama_dir: Path, tmp_path: Path) -> None:
     # within the window.
     windowed = build_tiny_model(tmp_path / "windowed", "mistral", seed=4, sliding_window=16)
     prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
-    model_dirs, plans_per_model, expected = [], [], {}
-    for model_dir in (tiny_llama_dir, one_kv, windowed):
+    check_tp2_matches_hf([tiny_llama_dir, one_kv, windowed], prompts)
+
+
+def check_tp2_matches_hf(model_dirs: list[Path], prompts: dict[str, list[int]]) -> None:
+    """Each model's greedy tokens and logprobs at TP=2 over gloo equal transformers'."""
+    plans_per_model, expected = [], {}
+    for model_dir in model_dirs:
         hf = load_hf(model_dir)
         refs = {s: hf_greedy(hf, p, NUM_STEPS) for s, p in prompts.items()}
         assert all(r.num_trusted == NUM_STEPS for r in refs.values()), "near-tie in the fixture"
         outputs = {s: r.token_ids for s, r in refs.items()}
-        model_dirs.append(str(model_dir))
         plans_per_model.append(build_plans(prompts, outputs))
         expected[str(model_dir)] = (outputs, refs)
+    dirs = [str(d) for d in model_dirs]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, port, model_dirs, plans_per_model, queue))
+        ctx.Process(target=_worker, args=(rank, port, dirs, plans_per_model, queue))
         for rank in range(2)
     ]
     for proc in procs:
         proc.start()
-    got = dict(queue.get(timeout=120) for _ in model_dirs)
+    got = dict(queue.get(timeout=120) for _ in dirs)
     for proc in procs:
         proc.join(timeout=60)
         assert proc.exitcode == 0
