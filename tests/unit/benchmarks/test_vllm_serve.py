@@ -3,11 +3,13 @@ the report of a comparison built from canned results."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
+from benchmarks.report_writer import build_report
 from benchmarks.vllm_serve import VllmServeConfig, omp_bind, vllm_serve_argv, vllm_serve_env
 from benchmarks.vs_vllm import build_parser
 from benchmarks.vs_vllm_report import report
@@ -53,8 +55,8 @@ def _level(rate, tok_s, kept) -> dict:
             "rounds_kept": kept, "rounds_thrown_out": []}  # fmt: skip
 
 
-def test_the_report_shows_both_servers_the_peer_and_every_rounds_steal() -> None:
-    result = {
+def canned_result() -> dict:
+    return {
         "machine": {"cpu": "AMD EPYC", "num_cpus": 2, "isa_flags": ["avx2"],
                     "lscpu_isa_flags": ["avx2", "fma"], "isa_env": {},
                     "torch_cpu_capability": "AVX2", "loadavg": [0.5, 0.6, 0.7]},
@@ -67,9 +69,19 @@ def test_the_report_shows_both_servers_the_peer_and_every_rounds_steal() -> None
         "medians": {"pagedserve": [_level(None, 300.0, [1, 2]), _level(1.0, 60.0, [1])],
                     "vLLM CPU": [_level(None, 200.0, [1, 2]), _level(1.0, None, [])]},
     }  # fmt: skip
-    text = report(result)
+
+
+def test_the_report_shows_both_servers_the_peer_and_every_rounds_steal() -> None:
+    text = report(canned_result())
     assert "| 16 in flight | 300.0 | 200.0 | 1.50x | 100 / 100 | 300 / 300 | 40 / 40 |" in text
     assert "| 1 req/s | 60.0 | - | - |" in text and text.count("| 1 / 0 |") == 1
     assert "vLLM 0.32.0 CPU build" in text and "bound to 0-1" in text
     assert "pagedserve: 1.0%, 20.0%; vLLM CPU: 0.0%, -" in text
     assert "lscpu flags of note: avx2, fma" in text and "Command: `python -m x`" in text
+
+
+def test_the_report_is_a_section_of_the_performance_summary(tmp_path: Path) -> None:
+    (tmp_path / "vs_vllm.json").write_text(json.dumps(canned_result()))
+    summary = build_report(tmp_path)
+    assert summary.startswith("## pagedserve vs vLLM's CPU build")
+    assert "| 16 in flight | 300.0 | 200.0 | 1.50x |" in summary
