@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -167,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "max_steal": args.max_steal,
         "workload": workload_summary(requests),
-        "command": " ".join(sys.argv if argv is None else ["python -m benchmarks.vs_vllm", *argv]),
+        "command": shlex.join(["python", "-m", "benchmarks.vs_vllm", *(argv or sys.argv[1:])]),
     }
     if args.vllm_python:
         result["peer"] = peer_info(vllm_config(args, model_dir))

@@ -45,4 +45,5 @@ def test_the_sweep_runs_against_pagedserve_alone(tmp_path: Path, monkeypatch) ->
     assert result["machine"]["torch_cpu_capability"] and result["dtype"] == "float32"
     text = out.with_suffix(".md").read_text()
     assert "| 4 req/s |" in text and "No peer" in text
+    assert result["command"].startswith("python -m benchmarks.vs_vllm --model ")
     assert out.with_name("vs_vllm_rates.png").read_bytes()[:4] == b"\x89PNG"
