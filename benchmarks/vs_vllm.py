@@ -168,7 +168,9 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "max_steal": args.max_steal,
         "workload": workload_summary(requests),
-        "command": shlex.join(["python", "-m", "benchmarks.vs_vllm", *(argv or sys.argv[1:])]),
+        "command": shlex.join(
+            ["python", "-m", "benchmarks.vs_vllm", *(sys.argv[1:] if argv is None else argv)]
+        ),
     }
     if args.vllm_python:
         result["peer"] = peer_info(vllm_config(args, model_dir))
