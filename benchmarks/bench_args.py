@@ -44,6 +44,6 @@ def resolved_dtype(dtype: str) -> str:
     accepts (a peer's own "auto" would take the checkpoint's dtype instead)."""
     import torch
 
-    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.gpu_worker.platforms import resolve_dtype
 
     return str(resolve_dtype(dtype, torch.device("cpu"))).removeprefix("torch.")

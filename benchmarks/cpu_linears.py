@@ -1,6 +1,6 @@
 """A decode step's linears on the CPU, product by product: the default model's 4 linears per
 layer times its layers, plus the LM head, each with its own weight (so the weights stream
-from memory, as in a step), at each row count, through every path `layers/cpu_prepack.py`
+from memory, as in a step), at each row count, through every path `platforms/cpu_prepack.py`
 can take for the dtype.
 
     python -m benchmarks.cpu_linears --dtype bfloat16 --rows 1,4,16,32,64,128,512
@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from benchmarks.e2e_flops import model_dims
 from benchmarks.machine_info import machine_info
 from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
-from pagedserve.services.gpu_worker.layers.cpu_prepack import MKL_PACK_ROWS
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import MKL_PACK_ROWS
 
 Product = Callable[[torch.Tensor], torch.Tensor]
 

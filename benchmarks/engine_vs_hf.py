@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     from pagedserve.services.gpu_worker.default_model import ensure_model
-    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.gpu_worker.platforms import resolve_dtype
 
     model_dir = ensure_model(args.model)
     threads = args.threads or len(os.sched_getaffinity(0))

@@ -52,15 +52,34 @@ def tile_weighted_values(p, v, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def online_softmax_step(scores, m_i, l_i):
+def online_softmax_step(scores, m_i, l_i, MAY_BE_EMPTY: tl.constexpr):
     """One tile of the streaming (flash) softmax over base-2 scores [ROWS, TILE_N]: the new
     running max and sum per row, the tile's unnormalised weights, and `alpha`, the factor
-    that rescales what was accumulated before this tile."""
+    that rescales what was accumulated before this tile. MAY_BE_EMPTY: a row may have seen
+    no visible key yet (a sliding window starts after the tile), and then adds nothing."""
     m_new = tl.maximum(m_i, tl.max(scores, 1))
-    p = tl.exp2(scores - m_new[:, None])
-    alpha = tl.exp2(m_i - m_new)
+    m_ref = m_new
+    if MAY_BE_EMPTY:
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = tl.exp2(scores - m_ref[:, None])
+    alpha = tl.exp2(m_i - m_ref)
     l_new = l_i * alpha + tl.sum(p, 1)
     return m_new, l_new, p, alpha
+
+
+@triton.jit
+def soft_capped(scores, softcap_log2):
+    """Base-2 scores s' = s log2(e) capped as c tanh(s / c) of the natural ones: with
+    c' = c log2(e), c' tanh(s' / c'). tanh(x) = 1 - 2 / (exp(2x) + 1), which saturates
+    cleanly (an overflow gives 1)."""
+    x = scores / softcap_log2
+    return softcap_log2 * (1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0))
+
+
+@triton.jit
+def window_start(first_q_pos, window):
+    """The first position a query at `first_q_pos` sees in a window of `window` keys."""
+    return tl.maximum(first_q_pos - window + 1, 0)
 
 
 @triton.jit
@@ -74,9 +93,11 @@ def attend_kv_range(
     v_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
     table_ptr,  # [max_blocks] int32: this sequence's row of the block table
     kv_head,
-    kv_start,  # first context position to attend, a multiple of TILE_N
+    kv_start,  # first context position to read (tiles start at the multiple of TILE_N below)
     kv_end,  # one past the last
     scale_log2,
+    window,  # a sliding window's keys (WINDOWED): a row at p sees p - window < k <= p
+    softcap_log2,  # logit soft-cap times log2(e) (SOFTCAP)
     stride_kn,
     stride_kb,
     stride_kh,
@@ -84,6 +105,8 @@ def attend_kv_range(
     stride_vb,
     stride_vh,
     CAUSAL: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
@@ -92,12 +115,14 @@ def attend_kv_range(
 ):
     """The KV-tile loop both attention kernels run: stream the keys and values of context
     positions [kv_start, kv_end) through the online softmax, masking positions past a row's
-    own when CAUSAL. Returns the updated (m_i, l_i, acc). Inlined by Triton, so sharing it
-    costs the kernels nothing."""
+    own when CAUSAL and those before a row's window when WINDOWED (`q_pos` then gives the rows'
+    positions), soft-capping the scores when SOFTCAP. Returns the updated (m_i, l_i, acc).
+    Inlined by Triton, so sharing it costs the kernels nothing."""
     n = tl.arange(0, TILE_N)
-    for tile_start in range(kv_start, kv_end, TILE_N):
+    for tile_start in range(kv_start - kv_start % TILE_N, kv_end, TILE_N):
         positions = tile_start + n
-        valid = positions < kv_end
+        # positions before kv_start may be in blocks given back (a window's): never loaded
+        valid = (positions >= kv_start) & (positions < kv_end)
         k = load_kv_tile(
             k_cache_ptr,
             table_ptr,
@@ -112,15 +137,21 @@ def attend_kv_range(
             HEAD_PAD,
         )
         scores = tile_scores(q, k, UPCAST) * scale_log2  # [M, TILE_N]
+        if SOFTCAP:
+            scores = soft_capped(scores, softcap_log2)
         if CAUSAL:
             visible = valid[None, :] & (positions[None, :] <= q_pos[:, None])
         else:
             visible = valid[None, :]
         scores = tl.where(visible, scores, float("-inf"))
+        if WINDOWED:  # a separate mask: `visible` is [1, TILE_N] without CAUSAL
+            in_window = positions[None, :] > q_pos[:, None] - window
+            scores = tl.where(in_window, scores, float("-inf"))
         # Decode: every tile holds >= 1 valid position. Prefill: position 0 is in the first
         # tile and visible to every row. Either way m_new is finite from the first tile on,
-        # and a row fully masked in a later tile just adds zeros.
-        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i)
+        # and a row fully masked in a later tile just adds zeros. A window breaks both: a row
+        # may see nothing in a tile before its window.
+        m_new, l_i, p, alpha = online_softmax_step(scores, m_i, l_i, WINDOWED)
         v = load_kv_tile(
             v_cache_ptr,
             table_ptr,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedserve.kernels.attention_tile import attend_kv_range
+from pagedserve.kernels.attention_tile import attend_kv_range, window_start
 from pagedserve.kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -54,6 +54,8 @@ def paged_decode_kernel(
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32, >= 1
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
+    window,  # WINDOWED: the new token sees its last `window` keys, itself included
+    softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
     tiles_per_split,
     stride_qb,
     stride_qh,
@@ -77,6 +79,8 @@ def paged_decode_kernel(
     TILE_N: tl.constexpr,
     SPLIT: tl.constexpr,
     UPCAST: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -87,6 +91,8 @@ def paged_decode_kernel(
     if SPLIT:
         kv_start = split * tiles_per_split * TILE_N
         kv_end = tl.minimum(kv_start + tiles_per_split * TILE_N, seq_len)
+    if WINDOWED:  # tiles wholly before the window are not read (a split may then be empty)
+        kv_start = tl.maximum(kv_start, window_start(seq_len - 1, window))
 
     g = tl.arange(0, GROUP_PAD)
     d = tl.arange(0, HEAD_PAD)
@@ -102,9 +108,10 @@ def paged_decode_kernel(
     m_i = tl.full([GROUP_PAD], float("-inf"), dtype=tl.float32)
     l_i = tl.zeros([GROUP_PAD], dtype=tl.float32)
     acc = tl.zeros([GROUP_PAD, HEAD_PAD], dtype=tl.float32)
+    q_pos = tl.zeros([GROUP_PAD], dtype=tl.int32) + seq_len - 1  # every row: the new token
     m_i, l_i, acc = attend_kv_range(
         q,
-        0,  # no causal mask: the new token sees its whole context
+        q_pos,  # read for the window only: no causal mask, the new token is the last
         m_i,
         l_i,
         acc,
@@ -115,6 +122,8 @@ def paged_decode_kernel(
         kv_start,
         kv_end,
         scale_log2,
+        window,
+        softcap_log2,
         stride_kn,
         stride_kb,
         stride_kh,
@@ -122,6 +131,8 @@ def paged_decode_kernel(
         stride_vb,
         stride_vh,
         False,
+        WINDOWED,
+        SOFTCAP,
         BLOCK_SIZE,
         HEAD_DIM,
         HEAD_PAD,
@@ -219,6 +230,12 @@ def check_decode_args(
         raise ValueError("block_tables must be contiguous in its last dim")
 
 
+def auto_num_splits(query: torch.Tensor, num_kv_heads: int, max_seq_len: int) -> int:
+    """`choose_num_splits` for this query's batch on its device."""
+    num_sms = num_multiprocessors(query.device)
+    return choose_num_splits(query.shape[0], num_kv_heads, max_seq_len, num_sms)
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [B, Hq, D], one new token per sequence
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -230,9 +247,11 @@ def paged_decode_attention(
     num_splits: int | None = None,
     max_seq_len: int | None = None,
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each sequence's newest token over its whole cached context.
-
+    """Attention of each sequence's newest token over its cached context (its last
+    `sliding_window` keys, scores capped by `softcap`, when given: see `kernels.reference`).
     `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
     flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
     device sync the heuristic otherwise needs; an understated one drops keys from splits.
@@ -241,16 +260,13 @@ def paged_decode_attention(
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
-    num_seqs, num_heads, head_dim = query.shape
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    (num_seqs, num_heads, head_dim), (num_kv_heads, block_size) = query.shape, k_cache.shape[2:0:-1]
     out = output_like(query, out)
     if num_seqs == 0:
         return out
     if num_splits != 1 and max_seq_len is None:
         max_seq_len = int(seq_lens.max())  # a device sync; callers that know it pass it
-    if num_splits is None:
-        num_sms = num_multiprocessors(query.device)
-        num_splits = choose_num_splits(num_seqs, num_kv_heads, max_seq_len, num_sms)
+    num_splits = num_splits or auto_num_splits(query, num_kv_heads, max_seq_len)
     group = num_heads // num_kv_heads
     tile_n = max(tile_size(query.dtype, query.device), block_size)
     split = num_splits > 1
@@ -266,11 +282,12 @@ def paged_decode_attention(
         lse_strides = (0, 0)
     paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         target, lse, query, k_cache, v_cache, block_tables, seq_lens, scale * LOG2_E,
-        tiles_per_split, *query.stride()[:2], *target_strides, *lse_strides,
+        sliding_window or 0, (softcap or 1.0) * LOG2_E, tiles_per_split, *query.stride()[:2], *target_strides, *lse_strides,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=tile_n, SPLIT=split, UPCAST=upcast_for_dot(query),
+        WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
         num_warps=decode_num_warps(query.dtype, query.device),
     )  # fmt: skip
     if split:

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedserve.kernels.attention_tile import attend_kv_range
+from pagedserve.kernels.attention_tile import attend_kv_range, window_start
 from pagedserve.kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -52,6 +52,8 @@ def paged_prefill_kernel(
     seq_lens_ptr,  # [B] int32: cached prefix + new tokens
     work_items_ptr,  # [W, 2] int32 (sequence, query tile), with FLAT_GRID; else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
+    window,  # WINDOWED: a row at p sees keys p - window < k <= p
+    softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
     stride_qt,
     stride_qh,
     stride_ot,
@@ -73,6 +75,8 @@ def paged_prefill_kernel(
     TILE_N: tl.constexpr,
     UPCAST: tl.constexpr,
     FLAT_GRID: tl.constexpr,
+    WINDOWED: tl.constexpr,
+    SOFTCAP: tl.constexpr,
 ):
     if FLAT_GRID:
         # One program per (work item, KV head), heads fastest, so the heaviest items (listed
@@ -109,6 +113,9 @@ def paged_prefill_kernel(
     )
     q_pos = prefix_len + q_idx  # [M] context position of each row's token
     kv_end = tl.minimum(prefix_len + (q_tile + 1) * BLOCK_Q, seq_len)
+    kv_start = 0
+    if WINDOWED:  # tiles before the first row's window are not read
+        kv_start = window_start(prefix_len + q_tile * BLOCK_Q, window)
     table_ptr = block_tables_ptr + seq * stride_bt
 
     m_i = tl.full([BLOCK_Q * GROUP_PAD], float("-inf"), dtype=tl.float32)
@@ -124,9 +131,11 @@ def paged_prefill_kernel(
         v_cache_ptr,
         table_ptr,
         kv_head,
-        0,
+        kv_start,
         kv_end,
         scale_log2,
+        window,
+        softcap_log2,
         stride_kn,
         stride_kb,
         stride_kh,
@@ -134,6 +143,8 @@ def paged_prefill_kernel(
         stride_vb,
         stride_vh,
         True,
+        WINDOWED,
+        SOFTCAP,
         BLOCK_SIZE,
         HEAD_DIM,
         HEAD_PAD,
@@ -241,6 +252,21 @@ def prefill_grid(
     return (num_seqs, triton.cdiv(max_query_len, block_q), num_kv_heads)
 
 
+def checked_work_items(
+    work_items: torch.Tensor | None,
+    query: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_q: int,
+) -> torch.Tensor:
+    """The flat grid's work items as given (checked), or computed here (a device sync)."""
+    if work_items is None:
+        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
+        work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
+    check_work_items(work_items, query)
+    return work_items
+
+
 def paged_prefill_attention(
     query: torch.Tensor,  # [T, Hq, D], the new tokens of every sequence, packed
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -254,6 +280,8 @@ def paged_prefill_attention(
     work_items: torch.Tensor | None = None,
     grid: str = "flat",
     out: torch.Tensor | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole. The new
@@ -263,7 +291,7 @@ def paged_prefill_attention(
     `work_items` (see `build_work_items`; computed here, with a device sync, when not
     given); "padded" launches (sequences x tiles of the longest chunk), sized by
     `max_query_len` (computed with a sync when not given). `out`, if given, receives the
-    result."""
+    result. `sliding_window`, `softcap`: as `kernels.reference.paged_prefill_attention`."""
     check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     if grid not in PREFILL_GRIDS:
         raise ValueError(f"grid must be one of {PREFILL_GRIDS}, got {grid!r}")
@@ -276,11 +304,8 @@ def paged_prefill_attention(
     group = num_heads // num_kv_heads
     tile = tile_size(query.dtype, query.device)
     block_q, group_pad = choose_block_q(group, tile)
-    if grid == "flat" and work_items is None:
-        query_lens = (query_start_loc[1:] - query_start_loc[:-1]).cpu()
-        work_items = prefill_work_items(query_lens, seq_lens.cpu(), block_q).to(query.device)
     if grid == "flat":
-        check_work_items(work_items, query)
+        work_items = checked_work_items(work_items, query, query_start_loc, seq_lens, block_q)
     elif max_query_len is None:
         max_query_len = int((query_start_loc[1:] - query_start_loc[:-1]).max())
     launch_grid = prefill_grid(
@@ -291,12 +316,13 @@ def paged_prefill_attention(
     paged_prefill_kernel[launch_grid](
         out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
         work_items if grid == "flat" else seq_lens,  # unused without FLAT_GRID
-        scale * LOG2_E,
+        scale * LOG2_E, sliding_window or 0, (softcap or 1.0) * LOG2_E,
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0),
         NUM_KV_HEADS=num_kv_heads, GROUP=group, GROUP_PAD=group_pad, BLOCK_Q=block_q,
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=max(tile, block_size), UPCAST=upcast_for_dot(query),
-        FLAT_GRID=grid == "flat",
+        FLAT_GRID=grid == "flat", WINDOWED=sliding_window is not None,
+        SOFTCAP=softcap is not None,
     )  # fmt: skip
     return out

@@ -52,6 +52,12 @@ def gather_kv(
     return blocks.view(batch, -1, num_kv_heads, head_dim)[:, :max_len]
 
 
+def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
+    """Logit soft-capping: `softcap * tanh(scores / softcap)`; the scores as they are
+    without a cap."""
+    return scores if softcap is None else torch.tanh(scores / softcap) * softcap
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [B, Hq, D], one new token per sequence
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -59,8 +65,12 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks] int32
     seq_lens: torch.Tensor,  # [B] int32, >= 1, including the new token
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [B, Hq, D]
-    """Attention of each sequence's newest token over its whole cached context."""
+    """Attention of each sequence's newest token over its whole cached context (its last
+    `sliding_window` tokens, itself included, when given); scores `softcap * tanh(s /
+    softcap)` when `softcap` is given."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -68,9 +78,11 @@ def paged_decode_attention(
     keys = gather_kv(k_cache, block_tables, max_len).float()  # [B, L, Hkv, D]
     values = gather_kv(v_cache, block_tables, max_len).float()  # [B, L, Hkv, D]
     q = query.float().view(batch, num_kv_heads, group, head_dim)  # [B, Hkv, G, D]
-    scores = torch.einsum("bkgd,blkd->bkgl", q, keys) * scale  # [B, Hkv, G, L]
+    scores = capped(torch.einsum("bkgd,blkd->bkgl", q, keys) * scale, softcap)  # [B, Hkv, G, L]
     positions = torch.arange(max_len, device=query.device)
     valid = positions[None, :] < seq_lens[:, None].long()  # [B, L]
+    if sliding_window is not None:
+        valid &= positions[None, :] > seq_lens[:, None].long() - 1 - sliding_window
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
     probs = torch.softmax(scores, dim=-1)
     out = torch.einsum("bkgl,blkd->bkgd", probs, values)  # [B, Hkv, G, D]
@@ -85,9 +97,13 @@ def paged_prefill_attention(
     query_start_loc: torch.Tensor,  # [B + 1] int32
     seq_lens: torch.Tensor,  # [B] int32, cached prefix + new tokens
     scale: float,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
-    A decode is the case of one new token, so a mixed batch goes through here whole."""
+    A decode is the case of one new token, so a mixed batch goes through here whole. With
+    `sliding_window`, the query at position p sees keys p - sliding_window < k <= p; with
+    `softcap`, scores are `softcap * tanh(s / softcap)` (Gemma 2)."""
     _, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -103,10 +119,12 @@ def paged_prefill_attention(
         keys = gather_kv(k_cache, table, seq_len)[0].float()  # [L, Hkv, D]
         values = gather_kv(v_cache, table, seq_len)[0].float()  # [L, Hkv, D]
         q = query[start:end].float().view(num_new, num_kv_heads, group, head_dim)
-        scores = torch.einsum("qkgd,lkd->kgql", q, keys) * scale  # [Hkv, G, Q, L]
+        scores = capped(torch.einsum("qkgd,lkd->kgql", q, keys) * scale, softcap)  # [Hkv,G,Q,L]
         query_pos = torch.arange(seq_len - num_new, seq_len, device=query.device)
         key_pos = torch.arange(seq_len, device=query.device)
         causal = key_pos[None, :] <= query_pos[:, None]  # [Q, L]
+        if sliding_window is not None:
+            causal &= key_pos[None, :] > query_pos[:, None] - sliding_window
         scores = scores.masked_fill(~causal, float("-inf"))
         probs = torch.softmax(scores, dim=-1)
         seq_out = torch.einsum("kgql,lkd->qkgd", probs, values)  # [Q, Hkv, G, D]

@@ -105,6 +105,7 @@ class LLMEngine:
             model=str(self.model_dir),
             max_num_batched_tokens=runner.max_num_batched_tokens,
             vocab_size=runner.vocab_size,
+            sliding_windows=runner.sliding_windows,
         )
 
     def _load_tokenizer(self) -> Any | None:
@@ -197,5 +198,8 @@ class LLMEngine:
                     results[delta.request_id].add(delta)
         if self.tokenizer is not None:
             for result in results.values():
-                result.text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                text = self.tokenizer.decode(result.token_ids, skip_special_tokens=True)
+                # an output cut inside a multi-byte character ends in U+FFFD, which the model
+                # never wrote: dropped, as the gateway (and vLLM) hold those bytes back
+                result.text = text.rstrip("\ufffd")
         return list(results.values())

@@ -49,6 +49,9 @@ class CacheConfig:
     kv_cache_memory: int | None = None  # bytes of KV cache per rank (CPU); None: a default
     gpu_memory_utilization: float = 0.9  # fraction of GPU memory for weights + activations + KV
     enable_prefix_caching: bool = True
+    # tokens the widest layer's window spans when every layer attends within one (the workers
+    # report it); blocks before a request's window are given back. None: full attention
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
         if self.block_size is not None and (

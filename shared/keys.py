@@ -19,6 +19,16 @@ class RedisKeys:
         """Stream of GenerateRequest entries (field `m`), read by engines via ENGINE_GROUP."""
         return f"{self.namespace}:requests"
 
+    def routed_requests(self, engine_id: str) -> str:
+        """Stream of GenerateRequest entries routed to one engine by a gateway (field `m`),
+        read through ENGINE_GROUP like `requests`: by that engine, or by any live engine once
+        that engine is dead."""
+        return f"{self.namespace}:requests:{engine_id}"
+
+    def cache_summary(self, engine_id: str) -> str:
+        """Set of one engine's cached block digests, truncated (shared/cache_summary.py)."""
+        return f"{self.namespace}:cache:{engine_id}"
+
     @property
     def aborts(self) -> str:
         """Stream of AbortRequest entries (field `m`), read by every engine (no group)."""

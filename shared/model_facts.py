@@ -9,10 +9,9 @@ they already hold), so they cannot disagree on when a sequence ends or how long 
 - End tokens: the union, in this order, of generation_config's `eos_token_id` (what
   `generate()` stops on), config's `eos_token_id`, and the tokenizer's `eos_token`. A model
   whose files disagree (a chat model whose generation_config adds `<|im_end|>`) stops on each.
-- Length limit: `max_position_embeddings`, capped at `sliding_window` where the model uses one
-  (sliding-window attention is not implemented: sequences stay inside the window, where full
-  attention is the same thing). `use_sliding_window` says whether it does; without it, Mistral
-  does.
+- Length limit: `max_position_embeddings` (times the factor of dynamic NTK rope scaling, which
+  serves past it). A sliding window does not cap it: the worker attends within each layer's
+  window.
 """
 
 from __future__ import annotations
@@ -51,14 +50,13 @@ def read_model_facts(model_dir: Path) -> ModelFacts:
 
 
 def length_limit(config: Mapping[str, Any]) -> int | None:
-    """The longest sequence the model handles exactly (see the module docstring)."""
+    """The longest sequence the model handles (see the module docstring)."""
     limit = config.get("max_position_embeddings")
     if not is_int(limit):
         return None
-    window = config.get("sliding_window")
-    uses_window = config.get("use_sliding_window", config.get("model_type") == "mistral")
-    if is_int(window) and window > 0 and uses_window:
-        return min(limit, window)
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    if isinstance(rope, dict) and rope.get("rope_type", rope.get("type")) == "dynamic":
+        limit = int(limit * rope.get("factor", 1.0))  # NTK scaling stretches the positions
     return limit
 
 

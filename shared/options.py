@@ -162,6 +162,10 @@ OPTIONS: dict[str, Option] = {
         Option("--metrics-require-key", False, switch=True,
                help="ask for the API key on /metrics too (open by default)"),
         Option("--max-pending-requests", 4096, int),
+        Option("--routing", "cache", choices=("cache", "load", "shared"),
+               help="where a request goes: 'cache' the engine holding the longest cached "
+                    "prefix of its prompt (among those not overloaded), 'load' the least-loaded "
+                    "engine, 'shared' a shared queue any engine takes from"),
         Option("--shutdown-timeout", 30.0, float,
                help="on SIGTERM: seconds open requests may take before they are aborted"),
         Option("--engine-loss-timeout", 30.0, float,

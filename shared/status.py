@@ -66,6 +66,11 @@ class RequestStatus:
     error: str = ""
 
 
+def is_engine_live(status: EngineStatus, now: float) -> bool:
+    """The engine's workers answer and its record is fresh (younger than its TTL)."""
+    return status.workers_alive and now - status.time <= ENGINE_STATUS_TTL_S
+
+
 def to_fields(record: Any) -> dict[str, str]:
     """A status record as Redis hash fields (strings; booleans as "1"/"0")."""
     fields = {}

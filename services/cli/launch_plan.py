@@ -52,6 +52,7 @@ class ServeOptions:
     engine_loss_timeout: float = SERVE_ENGINE_WAIT_S
     worker_recovery_timeout: float = SERVE_ENGINE_WAIT_S
     step_timeout: float = 60.0
+    routing: str = "cache"  # the gateways' (services/gateway/router.py)
     # the gateways' limits on what one request or client may cost (shared/options.py)
     max_body_bytes: int = 8 * 1024 * 1024
     header_timeout: float = 10.0
@@ -184,6 +185,7 @@ def gateway_spec(
         "gateway_id": gateway_id,
         "shutdown_timeout": options.shutdown_timeout,
         "engine_loss_timeout": options.engine_loss_timeout,
+        "routing": options.routing,
         "max_model_len": options.max_model_len,
         "max_body_bytes": options.max_body_bytes,
         "header_timeout": options.header_timeout,

@@ -8,6 +8,7 @@ read with `redis-cli` (the README lists the commands).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from dataclasses import asdict
 from typing import Any
 
@@ -81,9 +82,34 @@ def _count_after(client: redis.Redis, stream: str, entry_id: str) -> int:
     return len(client.xrange(stream, min=f"({entry_id}", max="+", count=MAX_COUNTED))
 
 
+def request_streams(client: redis.Redis, keys: RedisKeys) -> list[str]:
+    """The shared request stream, then each registered engine's routed stream."""
+    engine_ids = sorted(_text(e) for e in client.smembers(keys.engines))
+    return [keys.requests, *(keys.routed_requests(e) for e in engine_ids)]
+
+
 def read_stream(client: redis.Redis, keys: RedisKeys, now: float) -> dict[str, Any]:
-    """Depth of the request stream and of the engines' consumer group."""
-    stream = keys.requests
+    """Depth of the request streams (shared and routed, summed) and of the engines' group."""
+    parts = [_read_one_stream(client, s, now) for s in request_streams(client, keys)]
+    undelivered = [p["undelivered"] for p in parts]
+    return {
+        "key": keys.requests,
+        "routed_keys": [p["key"] for p in parts[1:] if p["length"]],
+        "length": sum(p["length"] for p in parts),
+        "group": parts[0]["group"],
+        "undelivered": None if None in undelivered else sum(undelivered),
+        "pending": sum(p["pending"] for p in parts),
+        "oldest_undelivered_age_s": _oldest(p["oldest_undelivered_age_s"] for p in parts),
+        "oldest_pending_age_s": _oldest(p["oldest_pending_age_s"] for p in parts),
+    }
+
+
+def _oldest(ages: Iterable[float | None]) -> float | None:
+    known = [a for a in ages if a is not None]
+    return max(known) if known else None
+
+
+def _read_one_stream(client: redis.Redis, stream: str, now: float) -> dict[str, Any]:
     group = _read_group(client, stream)
     summary = client.xpending(stream, ENGINE_GROUP) if group else {"pending": 0, "min": None}
     undelivered_id = (
@@ -105,38 +131,43 @@ def read_stream(client: redis.Redis, keys: RedisKeys, now: float) -> dict[str, A
 
 
 def read_consumers(client: redis.Redis, keys: RedisKeys) -> list[dict[str, Any]]:
-    """Pending (delivered, not yet finished) requests per engine of group `engines`."""
-    if _read_group(client, keys.requests) is None:
-        return []
-    return [
-        {
-            "name": _text(c["name"]),
-            "pending": int(c["pending"]),
-            "idle_s": int(c["idle"]) / 1000,
-        }
-        for c in client.xinfo_consumers(keys.requests, ENGINE_GROUP)
-    ]
+    """Pending (delivered, not yet finished) requests per engine of group `engines`, over
+    every request stream."""
+    consumers: dict[str, dict[str, Any]] = {}
+    for stream in request_streams(client, keys):
+        if _read_group(client, stream) is None:
+            continue
+        for c in client.xinfo_consumers(stream, ENGINE_GROUP):
+            name = _text(c["name"])
+            row = consumers.setdefault(name, {"name": name, "pending": 0, "idle_s": None})
+            row["pending"] += int(c["pending"])
+            idle_s = int(c["idle"]) / 1000
+            row["idle_s"] = idle_s if row["idle_s"] is None else min(row["idle_s"], idle_s)
+    return [consumers[name] for name in sorted(consumers)]
 
 
 def read_in_flight(client: redis.Redis, keys: RedisKeys, now: float) -> list[dict[str, Any]]:
-    """The oldest delivered-but-unfinished requests, with the request id from each entry."""
-    if _read_group(client, keys.requests) is None:
-        return []
+    """The oldest delivered-but-unfinished requests of every request stream, with the
+    request id from each entry."""
     rows = []
-    for item in client.xpending_range(keys.requests, ENGINE_GROUP, "-", "+", MAX_IN_FLIGHT_LISTED):
-        entry_id = _text(item["message_id"])
-        request_id = _request_id_of(client, keys.requests, entry_id)
-        rows.append(
-            {
-                "request_id": request_id,
-                "entry_id": entry_id,
-                "engine_id": _text(item["consumer"]),
-                "age_s": _id_age_s(entry_id, now),
-                "deliveries": int(item["times_delivered"]),
-                "state": _request_state(client, keys, request_id),
-            }
-        )
-    return rows
+    for stream in request_streams(client, keys):
+        if _read_group(client, stream) is None:
+            continue
+        for item in client.xpending_range(stream, ENGINE_GROUP, "-", "+", MAX_IN_FLIGHT_LISTED):
+            entry_id = _text(item["message_id"])
+            request_id = _request_id_of(client, stream, entry_id)
+            rows.append(
+                {
+                    "request_id": request_id,
+                    "entry_id": entry_id,
+                    "engine_id": _text(item["consumer"]),
+                    "age_s": _id_age_s(entry_id, now),
+                    "deliveries": int(item["times_delivered"]),
+                    "state": _request_state(client, keys, request_id),
+                }
+            )
+    rows.sort(key=lambda row: -(row["age_s"] or 0.0))
+    return rows[:MAX_IN_FLIGHT_LISTED]
 
 
 def _request_id_of(client: redis.Redis, stream: str, entry_id: str) -> str:
@@ -156,17 +187,25 @@ def _request_state(client: redis.Redis, keys: RedisKeys, request_id: str) -> str
 
 
 def read_engines(client: redis.Redis, keys: RedisKeys, now: float) -> list[dict[str, Any]]:
-    """Every registered engine's last status; one whose record expired shows as not alive."""
+    """Every registered engine's last status, the blocks its published cache summary holds
+    and the requests routed to it and not finished; one whose record expired shows as not
+    alive (its routed requests wait for a live engine to claim them)."""
     rows = []
     for engine_id in sorted(_text(e) for e in client.smembers(keys.engines)):
+        routing = {
+            "num_cached_blocks": int(client.scard(keys.cache_summary(engine_id))),
+            "num_routed": int(client.xlen(keys.routed_requests(engine_id))),
+        }
         fields = client.hgetall(keys.engine(engine_id))
         if not fields:
-            rows.append({"engine_id": engine_id, "alive": False, "heartbeat_age_s": None})
+            rows.append(
+                {"engine_id": engine_id, "alive": False, "heartbeat_age_s": None, **routing}
+            )
             continue
         status = from_fields(EngineStatus, fields)
         age = max(0.0, now - status.time)
         row = asdict(status)
-        row.update(heartbeat_age_s=age, alive=age <= ENGINE_STATUS_TTL_S)
+        row.update(heartbeat_age_s=age, alive=age <= ENGINE_STATUS_TTL_S, **routing)
         rows.append(row)
     return rows
 

@@ -9,7 +9,7 @@ from typing import Any
 from pagedserve.shared.status import RequestStatus
 
 ENGINE_COLUMNS = ("engine", "host", "alive", "running", "waiting", "kv usage", "free blocks",
-                  "heartbeat")  # fmt: skip
+                  "cached blocks", "routed", "heartbeat")  # fmt: skip
 
 
 def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
@@ -93,7 +93,8 @@ def render_queue(snapshot: dict[str, Any]) -> str:
 
 def _engine_row(engine: dict[str, Any]) -> list[Any]:
     if engine.get("heartbeat_age_s") is None:
-        return [engine["engine_id"], "-", "no (status expired)", "-", "-", "-", "-", "-"]
+        return [engine["engine_id"], "-", "no (status expired)", "-", "-", "-", "-",
+                engine["num_cached_blocks"], engine["num_routed"], "-"]  # fmt: skip
     alive = "yes" if engine["alive"] and engine["workers_alive"] else "no"
     if engine["alive"] and not engine["workers_alive"]:
         alive = "no (workers down)"
@@ -105,6 +106,8 @@ def _engine_row(engine: dict[str, Any]) -> list[Any]:
         engine["num_waiting"],
         f"{engine['kv_usage'] * 100:.1f}%",
         f"{engine['num_free_blocks']}/{engine['num_total_blocks']}",
+        engine["num_cached_blocks"],
+        engine["num_routed"],
         format_age(engine["heartbeat_age_s"]) + " ago",
     ]
 

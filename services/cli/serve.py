@@ -54,8 +54,8 @@ SERVE_OPTIONS = (
         help="seconds the gateways keep open requests while no engine is live"),
     use("worker_recovery_timeout", default=SERVE_ENGINE_WAIT_S,
         help="seconds the scheduler keeps unfinished requests while it has no workers"),
-    "step_timeout", "max_body_bytes", "header_timeout", "body_timeout", "max_seqs_per_request",
-    "max_requests_per_client", "tokenizer_threads",
+    "routing", "step_timeout", "max_body_bytes", "header_timeout", "body_timeout",
+    "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
     "chat_template", "enable_auto_tool_choice", "tool_call_parser",
 )  # fmt: skip
 

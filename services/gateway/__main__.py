@@ -20,7 +20,7 @@ GATEWAY_OPTIONS = (
     "redis_url", "redis_sentinel", "namespace", "host", "port",
     use("api_key", help="require this Bearer key"), "metrics_require_key", "gateway_id",
     use("max_model_len", help=None), "max_pending_requests", "shutdown_timeout",
-    "engine_loss_timeout", "max_body_bytes", "header_timeout", "body_timeout",
+    "engine_loss_timeout", "routing", "max_body_bytes", "header_timeout", "body_timeout",
     "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
     "chat_template", "enable_auto_tool_choice", "tool_call_parser",
     "trust_request_chat_template",
@@ -52,6 +52,7 @@ def parse_args(argv: list[str] | None = None) -> GatewayConfig:
             max_pending_requests=args.max_pending_requests,
             shutdown_timeout=args.shutdown_timeout,
             engine_loss_timeout=args.engine_loss_timeout,
+            routing=args.routing,
             max_body_bytes=args.max_body_bytes,
             header_timeout=args.header_timeout,
             body_timeout=args.body_timeout,
@@ -88,6 +89,7 @@ def main(argv: list[str] | None = None) -> None:
         config.gateway_id,
         config.max_pending_requests,
         config.engine_loss_timeout,
+        config.routing,
     )
     drainer = Drainer(client, config.shutdown_timeout)
     app = build_app(config, info, client, drainer)

@@ -163,7 +163,7 @@ class GatewayRoutes:
         self.config = config
         self.info = info
         self.client = client
-        self.metrics = GatewayMetrics(config.model_name, info.max_model_len)
+        self.metrics = GatewayMetrics(config.model_name, info.max_model_len, client.router.stats)
         self.tokenizer_pool = TokenizerPool(config.tokenizer_threads)
         self.created = int(time.time())
         self.grammars = GrammarValidator()

@@ -28,6 +28,7 @@ from redis.exceptions import RedisError
 
 from pagedserve.services.gateway.engine_watch import EngineLossClock
 from pagedserve.services.gateway.errors import ERROR_NO_LIVE_ENGINE, APIError, unavailable
+from pagedserve.services.gateway.router import Router
 from pagedserve.services.gateway.status_view import EngineStatusView
 from pagedserve.shared.keys import RedisKeys
 from pagedserve.shared.protocol import (
@@ -41,12 +42,12 @@ from pagedserve.shared.protocol import (
 )
 from pagedserve.shared.redis_client import RedisTarget, async_redis_blocking_pool
 from pagedserve.shared.status import (
-    ENGINE_STATUS_TTL_S,
     GATEWAY_HEARTBEAT_TTL_S,
     REQUEST_STATUS_TTL_S,
     EngineStatus,
     RequestStatus,
     from_fields,
+    is_engine_live,
     to_fields,
 )
 from pagedserve.shared.tasks import cancel_and_wait
@@ -74,6 +75,7 @@ class EngineClient:
         gateway_id: str,
         max_pending_requests: int,
         engine_loss_timeout_s: float = 30.0,
+        routing: str = "cache",
     ) -> None:
         self.keys = RedisKeys(namespace)
         self.engine_loss_timeout_s = engine_loss_timeout_s
@@ -104,6 +106,7 @@ class EngineClient:
         self._tasks: list[asyncio.Task[None]] = []
         self.num_dropped_deltas = 0
         self.status_view = EngineStatusView(self.engine_statuses, self.process_restarts)
+        self.router = Router(self.redis, self.keys, self.status_view, routing)
 
     async def start(self) -> None:
         self._tasks = [
@@ -154,26 +157,31 @@ class EngineClient:
         return request_ids
 
     async def submit(self, requests: list[GenerateRequest]) -> None:
-        """Queue requests for the engines; 503 when the queue is full or Redis is down."""
+        """Queue requests for the engines, each on the stream its route names (`router.py`);
+        503 when the queues are full or Redis is down."""
         try:
-            depth = await self.redis.xlen(self.keys.requests)
-            if depth + len(requests) > self.max_pending_requests:
-                raise unavailable(
-                    f"the request queue is full ({depth} pending, limit "
-                    f"{self.max_pending_requests}); retry later",
-                    code="queue_full",
-                )
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for request in requests:
-                    self._queue_commands(pipe, request)
-                await pipe.execute()
+            async with self.router.turn():
+                plan = await self.router.plan(requests)
+                if plan.queue_depth + len(requests) > self.max_pending_requests:
+                    raise unavailable(
+                        f"the request queue is full ({plan.queue_depth} pending, limit "
+                        f"{self.max_pending_requests}); retry later",
+                        code="queue_full",
+                    )
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    for request, stream in zip(requests, plan.streams, strict=True):
+                        self._queue_commands(pipe, request, stream)
+                    await pipe.execute()
+                self.router.commit(plan)
         except RedisError as exc:
             raise _redis_down(exc) from exc
         for request in requests:
             if request.request_id in self._streams:
                 self._submitted[request.request_id] = request
 
-    def _queue_commands(self, pipe: aioredis.client.Pipeline, request: GenerateRequest) -> None:
+    def _queue_commands(
+        self, pipe: aioredis.client.Pipeline, request: GenerateRequest, stream: str
+    ) -> None:
         status = RequestStatus(
             request_id=request.request_id,
             state="queued",
@@ -182,7 +190,7 @@ class EngineClient:
             queued_at=request.arrival_time,
         )
         key = self.keys.request(request.request_id)
-        pipe.xadd(self.keys.requests, {"m": encode(request)})
+        pipe.xadd(stream, {"m": encode(request)})
         pipe.hset(key, mapping=to_fields(status))
         pipe.expire(key, REQUEST_STATUS_TTL_S)
 
@@ -225,8 +233,7 @@ class EngineClient:
 
     @staticmethod
     def is_live(status: EngineStatus, now: float | None = None) -> bool:
-        now = time.time() if now is None else now
-        return status.workers_alive and now - status.time <= ENGINE_STATUS_TTL_S
+        return is_engine_live(status, time.time() if now is None else now)
 
     # -- background tasks ----------------------------------------------------------------------
 
@@ -316,8 +323,8 @@ class EngineClient:
         )
         if lost:
             async with self.redis.pipeline(transaction=False) as pipe:
-                for request in lost:
-                    self._queue_commands(pipe, request)
+                for request in lost:  # to any engine: the routes' summaries are gone too
+                    self._queue_commands(pipe, request, self.keys.requests)
                 await pipe.execute()
 
     async def _heartbeat(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pagedserve.shared.cache_summary import ROUTING_POLICIES
 from pagedserve.shared.config import DEFAULT_MODEL, DEFAULT_NAMESPACE
 
 MAX_BODY_BYTES = 8 * 1024 * 1024
@@ -27,6 +28,7 @@ class GatewayConfig:
     max_body_bytes: int = MAX_BODY_BYTES
     shutdown_timeout: float = 30.0  # on SIGTERM: seconds open requests get before "abort"
     engine_loss_timeout: float = 30.0  # no live engine this long: open requests end in a 503
+    routing: str = "cache"  # cache | load | shared (services/gateway/router.py)
     # Cheap requests stay cheap (see admission.py, http_limits.py, client_limits.py):
     header_timeout: float = 10.0  # a request's headers must arrive within this (slowloris)
     body_timeout: float = 30.0  # and its body within this after the headers
@@ -47,6 +49,10 @@ class GatewayConfig:
             raise ValueError(f"max_pending_requests must be >= 1, got {self.max_pending_requests}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise ValueError(f"max_model_len must be >= 2, got {self.max_model_len}")
+        if self.routing not in ROUTING_POLICIES:
+            raise ValueError(
+                f"routing must be one of {', '.join(ROUTING_POLICIES)}, got {self.routing!r}"
+            )
         if self.engine_loss_timeout <= 0:
             raise ValueError(f"engine_loss_timeout must be > 0, got {self.engine_loss_timeout}")
         if self.shutdown_timeout < 0:

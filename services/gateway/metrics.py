@@ -20,6 +20,8 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from pagedserve.services.gateway.router import RoutingStats
+from pagedserve.services.gateway.routing_metrics import RoutingCollector
 from pagedserve.shared.iteration_histogram import ITERATION_TOKEN_BUCKETS, decode_cumulative
 from pagedserve.shared.status import EngineStatus
 
@@ -152,8 +154,12 @@ class ProcessRestartCollector(Collector):
 class GatewayMetrics:
     """Every metric the gateway exposes; `render()` is the /metrics body."""
 
-    def __init__(self, model_name: str, max_model_len: int = 8192) -> None:
+    def __init__(
+        self, model_name: str, max_model_len: int = 8192, routing: RoutingStats | None = None
+    ) -> None:
         self.registry = CollectorRegistry()
+        self.routing = RoutingCollector(routing if routing is not None else RoutingStats())
+        self.registry.register(self.routing)
         self.engines = EngineStatusCollector(model_name)
         self.registry.register(self.engines)
         self.restarts = ProcessRestartCollector()
@@ -239,5 +245,6 @@ class GatewayMetrics:
         self, live_engines: list[EngineStatus], process_restarts: dict[str, int] | None = None
     ) -> bytes:
         self.engines.statuses = live_engines
+        self.routing.statuses = live_engines
         self.restarts.counts = process_restarts or {}
         return generate_latest(self.registry)

@@ -123,7 +123,9 @@ def read_sampling(
         )
     top_k = COMMON["top_k"].read(body)
     read = {name: COMMON[name].read(body) for name in _PLAIN_SAMPLING_FIELDS}
-    if read["n"] > 1 and read["temperature"] < GREEDY_TEMPERATURE:
+    beam_width = read_beam_width(body, read["n"], logprobs)
+    # beam search's n results are its n best beams, which differ whatever the temperature
+    if read["n"] > 1 and read["temperature"] < GREEDY_TEMPERATURE and not beam_width:
         raise bad_request(
             f"`n` must be 1 when using greedy sampling (temperature 0), got {read['n']}", "n"
         )
@@ -132,7 +134,7 @@ def read_sampling(
         top_k=-1 if top_k == 0 else top_k,  # 0 and -1 both mean "all tokens", as in vLLM
         min_tokens=min_tokens,
         logprobs=logprobs,
-        beam_width=read_beam_width(body, read["n"], logprobs),
+        beam_width=beam_width,
         **read,
     )
 

@@ -3,6 +3,8 @@ head_dim]`, and how many blocks fit in the memory budget."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: room for ~20k tokens of the default model in fp32
@@ -43,6 +45,30 @@ def allocate_kv_caches(
         )
         for _ in range(num_layers)
     ]
+
+
+@dataclass(frozen=True, slots=True)
+class KVCacheLayout:
+    """The geometry of one rank's paged KV cache."""
+
+    num_layers: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def block_bytes(self) -> int:
+        return block_bytes(
+            self.num_layers, self.block_size, self.num_kv_heads, self.head_dim, self.dtype
+        )
+
+    def allocate(
+        self, num_blocks: int, device: torch.device
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return allocate_kv_caches(
+            self.num_layers, num_blocks, self.block_size, self.num_kv_heads, self.head_dim,
+            self.dtype, device,
+        )  # fmt: skip
 
 
 def copy_blocks(

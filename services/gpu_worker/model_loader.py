@@ -13,12 +13,10 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
 from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
-from pagedserve.services.gpu_worker.cpu_threads import most_threads
-from pagedserve.services.gpu_worker.layers.cpu_prepack import prepack_linears
 from pagedserve.services.gpu_worker.models import get_model_cls
-from pagedserve.services.gpu_worker.models.cpu_fused_forward import CpuFusedForward
-from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
+from pagedserve.services.gpu_worker.platforms import get_platform
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
 
@@ -59,8 +57,9 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device,
     show_progress: bool = True,
-) -> LlamaForCausalLM:
-    """The model with every weight loaded; a missing or unknown weight is an error naming it."""
+) -> BaseCausalLM:
+    """The model with every weight loaded and prepared for `device`'s platform (the CPU packs
+    its linears); a missing or unknown weight is an error naming it."""
     config = load_config(model_dir)
     model_cls = get_model_cls(
         list(getattr(config, "architectures", None) or []), getattr(config, "model_type", "")
@@ -76,6 +75,5 @@ def load_model(
     missing = sorted(model.expected_weights() - loaded)
     if missing:
         raise ValueError(f"{model_dir}: checkpoint is missing weight(s) {missing[:8]}")
-    prepack_linears(model, most_threads(device, get_tp_world_size()))  # CPU only; a no-op elsewhere
-    model.cpu_fused = CpuFusedForward.build(model)  # CPU bf16 only; None elsewhere
+    get_platform(device).prepare_model(model, get_tp_world_size())
     return model.eval()

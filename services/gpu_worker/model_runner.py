@@ -11,7 +11,6 @@ cached_seqs, sampled ones only); other ranks return None.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -25,19 +24,15 @@ from pagedserve.services.gpu_worker.attention.base import (
     build_attention_metadata,
 )
 from pagedserve.services.gpu_worker.attention.selector import get_attention_backend_cls
-from pagedserve.services.gpu_worker.cpu_threads import cpu_threads
 from pagedserve.services.gpu_worker.default_model import ensure_model
 from pagedserve.services.gpu_worker.grammar_book import GrammarBook, StepMasks
 from pagedserve.services.gpu_worker.grammar_compiler import GrammarCompiler
-from pagedserve.services.gpu_worker.kv_cache import (
-    DEFAULT_CPU_KV_CACHE_BYTES,
-    allocate_kv_caches,
-    block_bytes,
-    copy_blocks,
-    num_blocks_for_bytes,
-)
+from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout, copy_blocks
+from pagedserve.services.gpu_worker.layers.argmax import Argmax
 from pagedserve.services.gpu_worker.model_loader import load_model
 from pagedserve.services.gpu_worker.parallel_state import get_tp_rank, get_tp_world_size
+from pagedserve.services.gpu_worker.platforms import get_platform, resolve_dtype
+from pagedserve.services.gpu_worker.platforms.base import KVSizing
 from pagedserve.services.gpu_worker.prompt_logprobs import (
     PromptSlice,
     collect_prompt_logprobs,
@@ -46,37 +41,10 @@ from pagedserve.services.gpu_worker.prompt_logprobs import (
 from pagedserve.services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
 from pagedserve.services.gpu_worker.sequence_state import SequenceState
 from pagedserve.services.gpu_worker.speculation import verify_drafts
-from pagedserve.services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
-from pagedserve.shared.config import (
-    CacheConfig,
-    SchedulerConfig,
-    default_block_size,
-    default_max_num_batched_tokens,
-)
+from pagedserve.services.gpu_worker.warmup import AttentionShape
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.model_facts import length_limit
 from pagedserve.shared.protocol import PromptLogprobs, StepPlan, StepResult
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no native bf16 matmul
-_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
-                             "AVX512_CORE_VNNI")  # fmt: skip
-
-
-def cpu_supports_bf16() -> bool:
-    """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
-    (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) is capped below AVX-512, as they
-    are to run as an AVX2-only machine would (where bf16 is emulated and slower than fp32)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ONEDNN_ISAS_WITHOUT_BF16:
-        return False
-    if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
 def model_len_limit(config: Any) -> int:
@@ -87,19 +55,6 @@ def model_len_limit(config: Any) -> int:
     if limit is None:
         raise ValueError("the model's config.json states no max_position_embeddings")
     return limit
-
-
-def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """ "auto": bf16 on CUDA and on CPUs with native bf16, else float32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        if device.type == "cuda":
-            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype must be 'auto' or one of {sorted(DTYPES)}, got {dtype!r}")
-    return DTYPES[dtype]
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,43 +86,44 @@ class ModelRunner:
     ) -> None:
         cache_config = cache_config or CacheConfig()
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if self.device.type == "cuda":
-            torch.cuda.set_device(self.device.index or get_tp_rank())
-        else:
-            torch.set_num_threads(cpu_threads(get_tp_world_size()))
-        self.dtype = resolve_dtype(dtype, self.device)
+        self.platform = get_platform(self.device)
         self.rank, self.world_size = get_tp_rank(), get_tp_world_size()
+        self.platform.set_up_process(self.rank, self.world_size)
+        self.dtype = resolve_dtype(dtype, self.device)
         self.model_dir = ensure_model(model)  # converts the default model on first use
         backend_cls = get_attention_backend_cls(attention_backend, self.device)
         self.attention_backend = backend_cls.name
         self.model = load_model(
             self.model_dir, backend_cls, self.dtype, self.device, show_progress and self.rank == 0
         )
+        self.forward_pass = self.platform.forward_pass(self.model)
+        self.argmax = Argmax(self.platform.op_form)
         config = self.model.config
         self.vocab_size = config.vocab_size
+        # each layer's window, as the scheduler learns it from the hello
+        self.sliding_windows = [spec.sliding_window for spec in self.model.kv_cache_specs()]
         self.max_model_len = min(max_model_len or model_len_limit(config), model_len_limit(config))
-        self.block_size = cache_config.block_size or default_block_size(self.device.type)
+        self.block_size = cache_config.block_size or self.platform.default_block_size()
         # the step size the CUDA memory profile is run at; the scheduler adopts it when it
         # was given none
-        self.max_num_batched_tokens = max_num_batched_tokens or default_max_num_batched_tokens(
-            self.device.type
+        self.max_num_batched_tokens = (
+            max_num_batched_tokens or self.platform.default_max_num_batched_tokens()
         )
         # the sampler rows of the worst step the memory profile runs
         self.max_num_seqs = max_num_seqs or SchedulerConfig().max_num_seqs
-        self.num_blocks = self._decide_num_blocks(cache_config, self.max_num_batched_tokens)
-        self.kv_caches = allocate_kv_caches(
-            len(self.model.layers),
-            self.num_blocks,
-            self.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            self.dtype,
-            self.device,
-        )
+        layout = KVCacheLayout(
+            self.model.num_layers, self.block_size, self.model.num_kv_heads,
+            self.model.head_dim, self.dtype,
+        )  # fmt: skip
+        self.num_blocks = cache_config.num_blocks
+        if self.num_blocks is None:
+            sizing = KVSizing(self.model, layout, cache_config, self.max_num_batched_tokens,
+                              self.max_num_seqs, self.max_model_len)  # fmt: skip
+            self.num_blocks = self.platform.num_kv_blocks(sizing)
+        self.kv_caches = layout.allocate(self.num_blocks, self.device)
         self.seqs: dict[str, SequenceState] = {}
         self.grammars = GrammarBook(GrammarCompiler(self.model_dir, self.vocab_size))
-        if self.device.type == "cuda":  # compile every kernel variant before saying ready
-            warm_up(self.kv_caches, self.triton_attention_shape(), self.vocab_size, self.device)
+        self.platform.warm_up(self.kv_caches, self.triton_attention_shape(), self.vocab_size)
 
     def triton_attention_shape(self) -> AttentionShape | None:
         """This rank's attention geometry when the Triton kernels serve it, else None."""
@@ -175,60 +131,6 @@ class ModelRunner:
             return None
         attn = self.model.layers[0].self_attn
         return AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, self.block_size)
-
-    # ------------------------------------------------------------------ KV cache sizing
-
-    def _block_bytes(self) -> int:
-        return block_bytes(
-            len(self.model.layers),
-            self.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            self.dtype,
-        )
-
-    def _decide_num_blocks(self, cache_config: CacheConfig, max_num_batched_tokens: int) -> int:
-        if cache_config.num_blocks is not None:
-            return cache_config.num_blocks
-        if self.device.type == "cuda":
-            return self._profile_cuda_num_blocks(cache_config, max_num_batched_tokens)
-        budget = cache_config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
-        return num_blocks_for_bytes(budget, self._block_bytes())
-
-    @torch.inference_mode()
-    def _profile_cuda_num_blocks(self, cache_config: CacheConfig, num_tokens: int) -> int:
-        """Run the worst step (`warmup.run_worst_step`: a prefill of the token budget and the
-        sampler at max_num_seqs rows) on a throwaway cache; what the peak leaves under the
-        utilisation cap becomes KV cache."""
-        num_tokens = min(num_tokens, self.max_model_len)
-        num_blocks = -(-num_tokens // self.block_size)
-        self.kv_caches = allocate_kv_caches(
-            len(self.model.layers),
-            num_blocks,
-            self.block_size,
-            self.model.num_kv_heads,
-            self.model.head_dim,
-            self.dtype,
-            self.device,
-        )
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(self.device)
-        run_worst_step(
-            self.model,
-            self.kv_caches,
-            num_tokens,
-            self.max_num_seqs,
-            self.block_size,
-            self.device,
-        )
-        torch.cuda.synchronize(self.device)
-        peak = torch.cuda.max_memory_allocated(self.device)
-        throwaway = sum(k.numel() * k.element_size() * 2 for k, _ in self.kv_caches)
-        del self.kv_caches
-        torch.cuda.empty_cache()
-        total = torch.cuda.get_device_properties(self.device).total_memory
-        budget = int(total * cache_config.gpu_memory_utilization) - (peak - throwaway)
-        return num_blocks_for_bytes(budget, self._block_bytes())
 
     # ------------------------------------------------------------------ steps
 
@@ -310,7 +212,7 @@ class ModelRunner:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
         masks = self._start_masks(inputs.sampled)  # on a thread, while the forward runs
-        hidden = self.model(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        hidden = self.forward_pass(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
         if inputs.prompt_slices:  # every rank: computing logits gathers over ranks
             collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
         if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
@@ -364,7 +266,7 @@ class ModelRunner:
             )
             for s in sampled
         ]
-        out = sample(logits, rows, allowed) if rows else None
+        out = sample(logits, rows, allowed, self.argmax) if rows else None
         return StepResult(
             step_id=step_id,
             seq_ids=[s.seq_id for s in sampled],

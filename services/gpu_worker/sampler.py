@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from pagedserve.kernels import cpu_argmax
+from pagedserve.services.gpu_worker.layers.argmax import Argmax
 from pagedserve.services.gpu_worker.token_masks import apply_token_masks, has_token_masks
 from pagedserve.shared.protocol import GREEDY_TEMPERATURE, SamplingParams
 from pagedserve.shared.request_bounds import MAX_LOGPROBS
@@ -297,17 +297,15 @@ def _only_argmax(row: SamplingRow) -> bool:
     )
 
 
-def argmax(logits: torch.Tensor) -> torch.Tensor:
-    """`logits.argmax(dim=-1)`, through the C kernel on the CPU (7x torch's in float32, 27x in
-    bf16, for 64 rows of 49152 logits on 2 Zen 5 cores); bf16 elsewhere in float32 (torch's
-    bf16 argmax is the slowest of all). The same index either way."""
-    if cpu_argmax.supports(logits):
-        return cpu_argmax.argmax(logits)
-    return logits.float().argmax(dim=-1)
+# the sampler's greedy pick when the caller does not give the one of its platform
+DEFAULT_ARGMAX = Argmax()
 
 
 def sample(
-    logits: torch.Tensor, rows: list[SamplingRow], allowed: AllowedTokens | None = None
+    logits: torch.Tensor,
+    rows: list[SamplingRow],
+    allowed: AllowedTokens | None = None,
+    argmax: Argmax = DEFAULT_ARGMAX,
 ) -> SamplerOutput:
     """One token per row of `logits` [B, V] (float32, or the model's dtype, which rows that
     only take the argmax read as it is and others in float32); rows that `allowed` constrains

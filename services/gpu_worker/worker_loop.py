@@ -143,6 +143,7 @@ class WorkerLoop:
                 pid=os.getpid(),
                 max_num_batched_tokens=self.runner.max_num_batched_tokens,
                 vocab_size=self.runner.vocab_size,
+                sliding_windows=list(self.runner.sliding_windows),
             )
         )
         logger.info("worker %d: hello to scheduler epoch %s", self.rank, epoch)

@@ -12,7 +12,8 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
-from pagedserve.services.scheduler.block_hash import DIGEST_SIZE
+from pagedserve.services.scheduler.cache_changes import CacheChangeLog
+from pagedserve.shared.block_hash import DIGEST_SIZE
 
 
 @dataclass(slots=True, eq=False)
@@ -102,6 +103,8 @@ class BlockPool:
         self.blocks = [KVBlock(block_id=i) for i in range(num_blocks)]
         self.free_queue = FreeBlockQueue(self.blocks)
         self.cached_blocks: dict[bytes, KVBlock] = {}  # block digest -> block holding that KV
+        # what the cache map gained and lost since last published (cache_publisher.py)
+        self.changes = CacheChangeLog(limit=2 * num_blocks)
 
     @property
     def num_free_blocks(self) -> int:
@@ -151,12 +154,14 @@ class BlockPool:
             return
         block.block_hash = block_hash
         self.cached_blocks[block_hash] = block
+        self.changes.cached(block_hash)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block: the KV they held is gone (the workers restarted)."""
         for block in self.cached_blocks.values():
             block.block_hash = None
         self.cached_blocks.clear()
+        self.changes.cleared()
 
     def check_integrity(self, tables: Iterable[list[KVBlock]]) -> None:
         """Raise AssertionError naming the first broken invariant: refcounts equal to the
@@ -205,6 +210,7 @@ class BlockPool:
             return
         if self.cached_blocks.get(block.block_hash) is block:
             del self.cached_blocks[block.block_hash]
+            self.changes.evicted(block.block_hash)
         block.block_hash = None
 
 

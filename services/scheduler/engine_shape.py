@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.kv_cache_spec import reclaimable_window
 from pagedserve.shared.protocol import WorkerHello
 
 
@@ -22,6 +23,7 @@ class EngineShape:
     max_num_batched_tokens: int  # tokens computed in one step
     max_model_len: int  # prompt + output tokens of one sequence
     vocab_size: int  # token ids are below this; 0: unknown (no check)
+    sliding_window: int | None = None  # blocks before every layer's window are given back
 
     @classmethod
     def derive(
@@ -43,6 +45,7 @@ class EngineShape:
             ),
             max_model_len=min(scheduler_config.max_model_len, *(h.max_model_len for h in hellos)),
             vocab_size=min(vocab_sizes, default=0),
+            sliding_window=reclaimable_window(rank0.sliding_windows),
         )
 
     def scheduler_config(self, flags: SchedulerConfig) -> SchedulerConfig:
@@ -53,7 +56,12 @@ class EngineShape:
         )
 
     def cache_config(self, flags: CacheConfig) -> CacheConfig:
-        return replace(flags, block_size=self.block_size, num_blocks=self.num_blocks)
+        return replace(
+            flags,
+            block_size=self.block_size,
+            num_blocks=self.num_blocks,
+            sliding_window=self.sliding_window,
+        )
 
     def describe(self) -> str:
         return (

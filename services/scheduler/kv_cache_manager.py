@@ -2,8 +2,16 @@
 allocation, caching full blocks as they fill, and freeing.
 
 The scheduler talks to it in verbs and block ids only (`get_computed_blocks`,
-`allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`): the tables
+`allocate_slots`, `cache_blocks`, `free`, `get_block_ids`, `reset_prefix_cache`; the cache
+publisher: `take_cache_changes`, `cached_block_hashes`): the tables
 and the pool stay inside, and `check_integrity` checks them here, where they live.
+
+Sliding windows (vLLM v1's `SlidingWindowManager`, for one block table shared by every layer):
+when every layer of the model attends within a window, the largest of them is
+`sliding_window`, and a block whose tokens all lie before the window of the request's next
+token is read by no layer again. `allocate_slots` gives such blocks back to the pool first
+(a cached one stays findable by its hash until it is evicted); the table keeps their places
+(None), which the workers are told as `SKIPPED_BLOCK_ID` and never read.
 
 Beams (beam search) share blocks as the PagedAttention paper describes: `fork` gives a new
 sequence its parent's whole table, one more reference on each block, and `copy_on_write`
@@ -15,17 +23,28 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from pagedserve.services.scheduler.block_hash import hash_block
 from pagedserve.services.scheduler.block_pool import BlockPool, KVBlock
+from pagedserve.services.scheduler.cache_changes import CacheDelta
 from pagedserve.services.scheduler.request import Request
+from pagedserve.shared.block_hash import hash_block, max_hit_blocks
+
+SKIPPED_BLOCK_ID = 0  # what a worker is told for a table entry given back (it never reads it)
 
 
 class KVCacheManager:
-    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_prefix_caching: bool = True,
+        sliding_window: int | None = None,
+    ):
         self.block_size = block_size
         self.enable_prefix_caching = enable_prefix_caching
+        self.sliding_window = sliding_window  # the largest window, when every layer has one
         self.pool = BlockPool(num_blocks, enable_prefix_caching)
-        self._tables: dict[str, list[KVBlock]] = {}  # request id -> its block table
+        # request id -> its block table; None: a block given back (slid out of every window)
+        self._tables: dict[str, list[KVBlock | None]] = {}
         self._num_cached_blocks: dict[str, int] = {}  # table entries already in the cache map
         self._block_copies: list[tuple[int, int]] = []  # (source, destination) for next plan
         # digests of full blocks that a running parallel sample is computing (not cached yet)
@@ -41,10 +60,19 @@ class KVCacheManager:
 
     def get_block_ids(self, request_id: str, start: int = 0) -> list[int]:
         """The request's block table (from entry `start` on) as block ids."""
-        return [b.block_id for b in self._tables.get(request_id, ())[start:]]
+        table = self._tables.get(request_id, ())[start:]
+        return [SKIPPED_BLOCK_ID if b is None else b.block_id for b in table]
 
     def num_blocks_held(self, request_id: str) -> int:
         return len(self._tables.get(request_id, ()))
+
+    def take_cache_changes(self) -> CacheDelta:
+        """Block digests cached and evicted since the last call (or: publish them all)."""
+        return self.pool.changes.take()
+
+    def cached_block_hashes(self) -> list[bytes]:
+        """The digest of every block in the prefix cache now."""
+        return list(self.pool.cached_blocks)
 
     def reset_prefix_cache(self) -> None:
         """Forget every cached block hash (the blocks' contents are no longer trusted)."""
@@ -56,7 +84,8 @@ class KVCacheManager:
         running = list(running)
         stray = set(self._tables) - {r.request_id for r in running}
         assert not stray, f"block tables of requests not running: {sorted(stray)}"
-        self.pool.check_integrity(self._tables.values())
+        held = [[b for b in table if b is not None] for table in self._tables.values()]
+        self.pool.check_integrity(held)
         for request in running:
             self._check_table(request, self._tables.get(request.request_id, []))
         self._check_shared_uncached(running)
@@ -67,14 +96,14 @@ class KVCacheManager:
         """A block shared but not in the prefix cache can only have come from a fork."""
         for r in running:
             for block in self._tables.get(r.request_id, ()):
-                if block.ref_count > 1 and block.block_hash is None:
+                if block is not None and block.ref_count > 1 and block.block_hash is None:
                     assert r.beam_group_id is not None, (
                         f"block {block.block_id} is shared by {block.ref_count} tables but "
                         f"not cached, and {r.request_id} is no beam"
                     )
 
-    def _check_table(self, r: Request, table: list[KVBlock]) -> None:
-        ids = [b.block_id for b in table]
+    def _check_table(self, r: Request, table: list[KVBlock | None]) -> None:
+        ids = [b.block_id for b in table if b is not None]  # blocks given back hold no place
         assert len(set(ids)) == len(ids), f"{r.request_id}'s table repeats blocks: {ids}"
         assert len(table) * self.block_size >= r.num_computed_tokens, (
             f"{r.request_id}'s table of {len(table)} blocks cannot hold its "
@@ -97,10 +126,10 @@ class KVCacheManager:
         """
         if not self.enable_prefix_caching or request.sampling.prompt_logprobs is not None:
             return [], 0  # prompt logprobs need every prompt position computed (as vLLM)
-        max_hit_blocks = (request.num_tokens - 1) // self.block_size
-        self._extend_hashes(request, max_hit_blocks)
+        num_hit_max = max_hit_blocks(request.num_tokens, self.block_size)
+        self._extend_hashes(request, num_hit_max)
         hit_blocks = []
-        for block_hash in request.block_hashes[:max_hit_blocks]:
+        for block_hash in request.block_hashes[:num_hit_max]:
             block = self.pool.get_cached_block(block_hash)
             if block is None:
                 break
@@ -122,7 +151,9 @@ class KVCacheManager:
     ) -> list[KVBlock] | None:
         """Extend the request's table to hold `num_computed_tokens` + the hit blocks +
         `num_new_tokens`. Returns the blocks appended (hits first), or None, having changed
-        nothing, when not every needed block is free."""
+        nothing, when not every needed block is free. Blocks that slid out of every window
+        are given back first."""
+        self._free_skipped_blocks(request)
         if not new_computed_blocks:  # fast path: a decode token that fits in the last block
             table = self._tables.get(request.request_id)
             if table and request.num_computed_tokens + num_new_tokens <= len(table) * (
@@ -158,7 +189,9 @@ class KVCacheManager:
         num_full = min(num_full, len(table))
         self._extend_hashes(request, num_full)
         for i in range(num_cached, num_full):
-            self.pool.cache_full_block(table[i], request.block_hashes[i])
+            block = table[i]
+            if block is not None:  # given back blocks were cached before they slid out
+                self.pool.cache_full_block(block, request.block_hashes[i])
             self._stop_computing(request.block_hashes[i], rid)
         self._num_cached_blocks[rid] = num_full
 
@@ -166,7 +199,7 @@ class KVCacheManager:
         """Give `child` (a new beam of `parent`, with its computed prefix) the parent's whole
         block table: no block copied, one more reference on each."""
         table = self._tables.get(parent.request_id, [])
-        self.pool.touch(table)
+        self.pool.touch([b for b in table if b is not None])
         self._tables[child.request_id] = list(table)
         self._num_cached_blocks[child.request_id] = self._num_cached_blocks.get(
             parent.request_id, 0
@@ -202,7 +235,21 @@ class KVCacheManager:
         for block_hash in request.block_hashes[num_cached:]:
             self._stop_computing(block_hash, request.request_id)
         if table:
-            self.pool.free_blocks(reversed(table))
+            self.pool.free_blocks(b for b in reversed(table) if b is not None)
+
+    def _free_skipped_blocks(self, request: Request) -> None:
+        """Give back the blocks wholly before the window of the request's next token (at
+        position `num_computed_tokens`, which sees keys from `num_computed_tokens - window +
+        1` on)."""
+        table = self._tables.get(request.request_id)
+        if self.sliding_window is None or not table:
+            return
+        first_needed = request.num_computed_tokens - self.sliding_window + 1
+        num_skipped = min(max(0, first_needed) // self.block_size, len(table))
+        skipped = [b for b in table[:num_skipped] if b is not None]
+        if skipped:
+            table[:num_skipped] = [None] * num_skipped
+            self.pool.free_blocks(reversed(skipped))
 
     def _mark_computing(self, request: Request, num_blocks: int) -> None:
         """The full blocks of known tokens that `request`'s table now holds uncached."""

@@ -37,6 +37,7 @@ GONE_GATEWAYS = 1_000  # gateways found dead, remembered this many
 class Inflight:
     """What the ledger knows of a request beyond the Scheduler: where it came from."""
 
+    stream: str  # the request stream its entry came from
     entry_id: str
     gateway_id: str
     scheduled: bool = False
@@ -67,14 +68,16 @@ class Ledger:
         request = entry.request
         if request is None:
             logger.error("dropping request entry %s: %s", entry.entry_id, entry.problem)
-            self.outbox.ack(entry.entry_id)
+            self.outbox.ack(entry.stream, entry.entry_id)
             return
         known = self.inflight.get(request.request_id)
         if known is not None:  # delivered twice (resume + claim, re-queued after a Redis loss)
-            if known.entry_id != entry.entry_id:  # a second entry: nobody else will ACK it
-                self.outbox.ack(entry.entry_id)
+            if (known.stream, known.entry_id) != (entry.stream, entry.entry_id):
+                self.outbox.ack(entry.stream, entry.entry_id)  # a second entry: nobody else will
             return
-        self.inflight[request.request_id] = Inflight(entry.entry_id, request.gateway_id)
+        self.inflight[request.request_id] = Inflight(
+            entry.stream, entry.entry_id, request.gateway_id
+        )
         reason = self._abort_reason(request)
         if reason is not None:
             aborted = TokenDelta(
@@ -169,7 +172,7 @@ class Ledger:
                 self.outbox.set_status(delta.request_id, first_token_at=now)
             if delta.finished:
                 del self.inflight[delta.request_id]
-                self.outbox.ack(inflight.entry_id)
+                self.outbox.ack(inflight.stream, inflight.entry_id)
                 self._set_finished_status(delta, now)
 
     def _set_finished_status(self, delta: TokenDelta, now: float) -> None:

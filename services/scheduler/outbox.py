@@ -43,8 +43,8 @@ class Outbox:
     def send(self, gateway_id: str, delta: TokenDelta) -> None:
         self._pending.outputs.setdefault(gateway_id, []).append(delta)
 
-    def ack(self, entry_id: str) -> None:
-        self._pending.acked_entry_ids.append(entry_id)
+    def ack(self, stream: str, entry_id: str) -> None:
+        self._pending.ack(stream, entry_id)
 
     def set_status(self, request_id: str, **fields: object) -> None:
         self._pending.set_status(request_id, **fields)
@@ -85,7 +85,7 @@ class Outbox:
             outputs.setdefault(gateway_id, []).extend(deltas)
         for gateway_id, deltas in writes.outputs.items():
             outputs.setdefault(gateway_id, []).extend(deltas)
-        return StepWrites(outputs, writes.acked_entry_ids, writes.statuses, writes.engine_status)
+        return StepWrites(outputs, writes.acked, writes.statuses, writes.engine_status)
 
     def _remember(self, writes: StepWrites) -> None:
         now = time.monotonic()
@@ -99,7 +99,8 @@ class Outbox:
         newer, self._pending = self._pending, failed
         for gateway_id, deltas in newer.outputs.items():
             failed.outputs.setdefault(gateway_id, []).extend(deltas)
-        failed.acked_entry_ids.extend(newer.acked_entry_ids)
+        for stream, entry_ids in newer.acked.items():
+            failed.acked.setdefault(stream, []).extend(entry_ids)
         for request_id, fields in newer.statuses.items():
             failed.set_status(request_id, **fields)
         if newer.engine_status is not None:

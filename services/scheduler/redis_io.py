@@ -1,5 +1,10 @@
-"""The scheduler's Redis traffic: the request stream (consumer group), the abort stream, the
+"""The scheduler's Redis traffic: the request streams (consumer group), the abort stream, the
 per-gateway output streams, request status hashes and the engine status hash.
+
+An engine reads two request streams through the `engines` group: the shared one, which any
+engine may take an entry from, and its own routed stream, where gateways that route by cache or
+load put the requests they chose this engine for (`services/gateway/router.py`). An entry is
+ACKed on the stream it came from (`StreamEntry.stream`).
 
 Every method raises `redis.RedisError` on a connection problem; the engine loop decides how to
 back off. Nothing here holds scheduling state.
@@ -13,7 +18,9 @@ was given and never ACKed, so that a restart with the same engine id resumes its
 consumer + XCLAIM rather than XAUTOCLAIM, because XAUTOCLAIM picks entries by idle time alone,
 and an entry stays idle for as long as a live engine works on it: a long request would be
 stolen from a healthy engine. XCLAIM's `min_idle_time` makes two engines racing for the same
-entries claim each one once.
+entries claim each one once. A dead engine's routed stream may also hold entries never
+delivered to it: a live engine reads those through the group (`>`), which hands each entry to
+one reader only.
 """
 
 from __future__ import annotations
@@ -50,6 +57,7 @@ OUTPUT_STREAM_MAXLEN = 100_000  # a dead gateway's stream stops growing here (ap
 class StreamEntry:
     """One request-stream entry; `request` is None when the entry is unreadable or deleted."""
 
+    stream: str  # the request stream it was read from, where it is ACKed
     entry_id: str
     request: GenerateRequest | None
     problem: str = ""
@@ -61,42 +69,52 @@ class StepWrites:
     never duplicates output."""
 
     outputs: dict[str, list[TokenDelta]]  # gateway id -> deltas
-    acked_entry_ids: list[str]
+    acked: dict[str, list[str]]  # request stream -> entry ids finished
     statuses: dict[str, dict[str, str]]  # request id -> hash fields to set
     engine_status: EngineStatus | None = None  # the engine's, when it changed this step
 
     @classmethod
     def empty(cls) -> StepWrites:
-        return cls({}, [], {})
+        return cls({}, {}, {})
 
     def __bool__(self) -> bool:
-        return bool(
-            self.outputs or self.acked_entry_ids or self.statuses or self.engine_status is not None
-        )
+        return bool(self.outputs or self.acked or self.statuses or self.engine_status is not None)
 
     def set_status(self, request_id: str, **fields: object) -> None:
         self.statuses.setdefault(request_id, {}).update({k: str(v) for k, v in fields.items()})
+
+    def ack(self, stream: str, entry_id: str) -> None:
+        self.acked.setdefault(stream, []).append(entry_id)
 
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _entry(entry_id: bytes | str, fields: dict | None) -> StreamEntry:
-    entry_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+def _entry(stream: str, entry_id: bytes | str, fields: dict | None) -> StreamEntry:
+    entry_id = _text(entry_id)
     payload = (fields or {}).get(b"m")
     if payload is None:
-        return StreamEntry(entry_id, None, "entry has no field 'm' (deleted?)")
+        return StreamEntry(stream, entry_id, None, "entry has no field 'm' (deleted?)")
     try:
         message = decode(payload)
     except ProtocolError as exc:
-        return StreamEntry(entry_id, None, str(exc))
+        return StreamEntry(stream, entry_id, None, str(exc))
     if not isinstance(message, GenerateRequest):
-        return StreamEntry(entry_id, None, f"entry is a {type(message).__name__}")
+        return StreamEntry(stream, entry_id, None, f"entry is a {type(message).__name__}")
     problem = _routing_problem(message)
     if problem is not None:  # nobody to answer: dropped (logged) and ACKed
-        return StreamEntry(entry_id, None, problem)
-    return StreamEntry(entry_id, message)
+        return StreamEntry(stream, entry_id, None, problem)
+    return StreamEntry(stream, entry_id, message)
+
+
+def _entries(answer: list | None) -> list[StreamEntry]:
+    """The entries of an XREADGROUP / XREAD answer, over every stream in it."""
+    return [
+        _entry(_text(stream), entry_id, fields)
+        for stream, batch in answer or []
+        for entry_id, fields in batch
+    ]
 
 
 def _routing_problem(request: GenerateRequest) -> str | None:
@@ -116,16 +134,15 @@ class RedisIO:
         self.redis = redis
         self.keys = keys
         self.engine_id = engine_id
+        self.own_stream = keys.routed_requests(engine_id)
+        self.streams = (keys.requests, self.own_stream)  # what this engine reads
         self._abort_cursor = "0-0"
 
     async def setup(self) -> None:
-        """Create the consumer group (from the stream's start, so that requests queued before
-        any engine existed are served) and start reading aborts from now on."""
-        try:
-            await self.redis.xgroup_create(self.keys.requests, ENGINE_GROUP, id="0", mkstream=True)
-        except ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
+        """Create the consumer group on both request streams (from the start, so that requests
+        queued before any engine existed are served) and start reading aborts from now on."""
+        for stream in self.streams:
+            await self._create_group(stream)
         last = await self.redis.xrevrange(self.keys.aborts, count=1)
         self._abort_cursor = last[0][0].decode() if last else "0-0"
 
@@ -134,54 +151,95 @@ class RedisIO:
     async def read_own_pending(self, count: int = 256) -> list[StreamEntry]:
         """Entries delivered to this engine id earlier and never ACKed (a previous life)."""
         entries: list[StreamEntry] = []
-        cursor = "0"
-        while True:
-            answer = await self.redis.xreadgroup(
-                ENGINE_GROUP, self.engine_id, {self.keys.requests: cursor}, count=count
-            )
-            batch = answer[0][1] if answer else []
-            if not batch:
-                return entries
-            entries.extend(_entry(entry_id, fields) for entry_id, fields in batch)
-            cursor = entries[-1].entry_id
+        for stream in self.streams:
+            cursor = "0"
+            while True:
+                answer = await self.redis.xreadgroup(
+                    ENGINE_GROUP, self.engine_id, {stream: cursor}, count=count
+                )
+                batch = _entries(answer)
+                if not batch:
+                    break
+                entries += batch
+                cursor = batch[-1].entry_id
+        return entries
 
     async def claim_abandoned(self, min_idle_ms: int, count: int = 256) -> list[StreamEntry]:
-        """Entries pending at dead engines (status expired) for at least `min_idle_ms`,
-        claimed for this engine. A dead consumer left with nothing pending is removed."""
+        """Entries pending at dead engines (status expired) for at least `min_idle_ms`, on
+        every request stream, and entries routed to dead engines and never delivered, claimed
+        for this engine. A dead consumer left with nothing pending is removed."""
+        other_ids = sorted(
+            _text(m)
+            for m in await self.redis.smembers(self.keys.engines)
+            if _text(m) != self.engine_id
+        )
+        dead_ids = [e for e in other_ids if not await self.redis.exists(self.keys.engine(e))]
         claimed: list[StreamEntry] = []
-        for consumer in await self.redis.xinfo_consumers(self.keys.requests, ENGINE_GROUP):
+        for stream in [self.keys.requests, *map(self.keys.routed_requests, other_ids)]:
+            claimed += await self._claim_dead_consumers(stream, min_idle_ms, count)
+        for engine_id in dead_ids:
+            claimed += await self._take_undelivered(engine_id, count)
+        return claimed
+
+    async def _claim_dead_consumers(
+        self, stream: str, min_idle_ms: int, count: int
+    ) -> list[StreamEntry]:
+        try:
+            consumers = await self.redis.xinfo_consumers(stream, ENGINE_GROUP)
+        except ResponseError:  # no such stream or group: nobody was given anything there
+            return []
+        claimed: list[StreamEntry] = []
+        for consumer in consumers:
             name = _text(consumer["name"])
             if name == self.engine_id or await self.redis.exists(self.keys.engine(name)):
                 continue
             if consumer["pending"]:
-                claimed += await self._claim_from(name, min_idle_ms, count)
+                claimed += await self._claim_from(stream, name, min_idle_ms, count)
             else:
-                await self.redis.xgroup_delconsumer(self.keys.requests, ENGINE_GROUP, name)
+                await self.redis.xgroup_delconsumer(stream, ENGINE_GROUP, name)
         return claimed
 
-    async def _claim_from(self, consumer: str, min_idle_ms: int, count: int) -> list[StreamEntry]:
+    async def _claim_from(
+        self, stream: str, consumer: str, min_idle_ms: int, count: int
+    ) -> list[StreamEntry]:
         pending = await self.redis.xpending_range(
-            self.keys.requests, ENGINE_GROUP, min="-", max="+", count=count,
+            stream, ENGINE_GROUP, min="-", max="+", count=count,
             consumername=consumer, idle=min_idle_ms,
         )  # fmt: skip
         entry_ids = [p["message_id"] for p in pending]
         if not entry_ids:
             return []
         answer = await self.redis.xclaim(
-            self.keys.requests, ENGINE_GROUP, self.engine_id, min_idle_ms, entry_ids
+            stream, ENGINE_GROUP, self.engine_id, min_idle_ms, entry_ids
         )
         logger.warning("claimed %d un-ACKed request(s) of dead engine %s", len(answer), consumer)
-        return [_entry(entry_id, fields) for entry_id, fields in answer]
+        return [_entry(stream, entry_id, fields) for entry_id, fields in answer]
+
+    async def _take_undelivered(self, engine_id: str, count: int) -> list[StreamEntry]:
+        """Entries routed to dead `engine_id` that it never read."""
+        stream = self.keys.routed_requests(engine_id)
+        if not await self.redis.exists(stream):
+            return []
+        await self._create_group(stream)
+        answer = await self.redis.xreadgroup(
+            ENGINE_GROUP, self.engine_id, {stream: ">"}, count=count
+        )
+        taken = _entries(answer)
+        if taken:
+            logger.warning(
+                "took %d request(s) routed to dead engine %s, never read", len(taken), engine_id
+            )
+        return taken
 
     async def read_new(self, count: int, block_ms: int | None) -> list[StreamEntry]:
+        """New entries of the shared stream and of this engine's routed stream."""
         if count <= 0:
             return []
         answer = await self.redis.xreadgroup(
-            ENGINE_GROUP, self.engine_id, {self.keys.requests: ">"}, count=count, block=block_ms
-        )
-        if not answer:
-            return []
-        return [_entry(entry_id, fields) for entry_id, fields in answer[0][1]]
+            ENGINE_GROUP, self.engine_id, dict.fromkeys(self.streams, ">"), count=count,
+            block=block_ms,
+        )  # fmt: skip
+        return _entries(answer)  # up to `count` per stream: never cut, each is delivered
 
     async def read_aborts(self, count: int = 512) -> list[AbortRequest]:
         answer = await self.redis.xread({self.keys.aborts: self._abort_cursor}, count=count)
@@ -218,9 +276,9 @@ class RedisIO:
                     maxlen=OUTPUT_STREAM_MAXLEN,
                     approximate=True,
                 )
-            if writes.acked_entry_ids:
-                pipe.xack(self.keys.requests, ENGINE_GROUP, *writes.acked_entry_ids)
-                pipe.xdel(self.keys.requests, *writes.acked_entry_ids)
+            for stream, entry_ids in writes.acked.items():
+                pipe.xack(stream, ENGINE_GROUP, *entry_ids)
+                pipe.xdel(stream, *entry_ids)
             for request_id, fields in writes.statuses.items():
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
@@ -241,6 +299,13 @@ class RedisIO:
             raise exc
         logger.warning("the request stream's consumer group is gone (Redis restarted?): recreating")
         await self.setup()
+
+    async def _create_group(self, stream: str) -> None:
+        try:
+            await self.redis.xgroup_create(stream, ENGINE_GROUP, id="0", mkstream=True)
+        except ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
 
     async def write_engine_status(self, status: EngineStatus) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:

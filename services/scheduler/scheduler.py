@@ -56,7 +56,10 @@ class Scheduler:
         self.block_size = cache_config.block_size
         self.num_blocks = cache_config.num_blocks
         kv = KVCacheManager(
-            cache_config.num_blocks, cache_config.block_size, cache_config.enable_prefix_caching
+            cache_config.num_blocks,
+            cache_config.block_size,
+            cache_config.enable_prefix_caching,
+            cache_config.sliding_window,
         )
         waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
         self._sets = RequestSets(kv, waiting)

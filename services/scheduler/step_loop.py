@@ -4,7 +4,7 @@ see `engine_loop.py` for the shape of one step.
 The engine loop hands it its parts explicitly: the engine's Redis IO, worker link, intake,
 backoff and stop event (which outlive it), the Scheduler, and the few settings it reads
 (`StepLoopConfig`). It builds what lives only while it serves: the outbox, the ledger, the
-step clock and the status reporter."""
+step clock, the status reporter and the cache publisher."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from redis.exceptions import RedisError
 
 from pagedserve.services.scheduler.backoff import RedisBackoff
+from pagedserve.services.scheduler.cache_publisher import CachePublisher
 from pagedserve.services.scheduler.intake import Intake
 from pagedserve.services.scheduler.ledger import Ledger
 from pagedserve.services.scheduler.outbox import Outbox
@@ -76,6 +77,7 @@ class StepLoop:
         self.ledger = Ledger(scheduler, self.outbox, config.engine_id)
         self.clock = StepClock()
         self.status = StatusReporter(io, link, scheduler, self.ledger, stopping, self.clock)
+        self.cache_publisher = CachePublisher(io.redis, io.keys, config.engine_id, scheduler.kv)
 
     async def run(self) -> None:
         tasks = [
@@ -89,6 +91,9 @@ class StepLoop:
             asyncio.create_task(
                 claim_abandoned_forever(self.io, self.intake, self.stopping), name="claim"
             ),
+            asyncio.create_task(
+                self.cache_publisher.publish_forever(self.stopping), name="cache-publisher"
+            ),
         ]
         try:
             await self._resume_own_pending()
@@ -98,6 +103,7 @@ class StepLoop:
             await self.outbox.flush()
             with contextlib.suppress(RedisError):
                 await self.io.write_engine_status(self.status.status(workers_alive=False))
+                await self.cache_publisher.withdraw()
 
     async def _resume_own_pending(self) -> None:
         """Requests this engine id was given in a previous life, and dead engines' ones."""

@@ -37,7 +37,8 @@ def signature(fn, pointer_types: dict[str, str], constexprs: dict[str, object]) 
         if name in constexprs:
             types[name] = "constexpr"
         else:
-            types[name] = pointer_types.get(name, "fp32" if name == "scale_log2" else "i32")
+            floats = ("scale_log2", "softcap_log2")
+            types[name] = pointer_types.get(name, "fp32" if name in floats else "i32")
     aligned = [
         n
         for n in names
@@ -57,15 +58,22 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     data = {"query_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}"}
     tables = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
     decode = {"GROUP": 4, "GROUP_PAD": 16, "TILE_N": tile, "UPCAST": upcast, **SHAPE}
+    plain = {"WINDOWED": False, "SOFTCAP": False}
+    windowed = {"WINDOWED": True, "SOFTCAP": True}  # Gemma 2's sliding layers
     out = []
     for split in (False, True):
         ptrs = {**data, **tables, "out_ptr": "*fp32" if split else f"*{dtype}", "lse_ptr": "*fp32"}
         out.append(
             (
                 f"decode split={split}",
-                signature(paged_decode_kernel, ptrs, {**decode, "SPLIT": split}),
+                signature(paged_decode_kernel, ptrs, {**decode, **plain, "SPLIT": split}),
             )
         )
+    ptrs["out_ptr"] = "*fp32"
+    decode_windowed = {**decode, **windowed, "SPLIT": True}
+    out.append(
+        ("decode split=True windowed", signature(paged_decode_kernel, ptrs, decode_windowed))
+    )
     ptrs = {
         **data,
         **tables,
@@ -75,8 +83,12 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     }
     prefill = {"GROUP": 4, "GROUP_PAD": 4, "BLOCK_Q": tile // 4, "TILE_N": tile, "UPCAST": upcast}
     prefill.update(SHAPE)
-    for flat, name in ((True, "prefill"), (False, "prefill padded grid")):
-        constexprs = {**prefill, "NUM_KV_HEADS": 8, "FLAT_GRID": flat}
+    for flat, name, masks in (
+        (True, "prefill", plain),
+        (False, "prefill padded grid", plain),
+        (True, "prefill windowed", windowed),
+    ):
+        constexprs = {**prefill, **masks, "NUM_KV_HEADS": 8, "FLAT_GRID": flat}
         out.append((name, signature(paged_prefill_kernel, ptrs, constexprs)))
     ptrs = {"out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
     reduce = {"SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}

@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from pagedserve.kernels import cpu_rotary
-from pagedserve.services.gpu_worker.layers.rotary import RotaryEmbedding, rotate, rotate_in_place
+from pagedserve.services.gpu_worker.layers.rotary import ApplyRotary, RotaryEmbedding, rotate
+
+rotate_in_place = ApplyRotary(form="cpu")  # the CPU form, as a model built on the CPU calls it
 
 
 @pytest.fixture(autouse=True)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagedserve.kernels import cpu_small_gemm
-from pagedserve.services.gpu_worker.layers import cpu_prepack
+from pagedserve.services.gpu_worker.platforms import cpu_prepack
 
 
 @pytest.fixture(autouse=True)

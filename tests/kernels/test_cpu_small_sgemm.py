@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from pagedserve.kernels import cpu_build, cpu_small_sgemm
-from pagedserve.services.gpu_worker.layers import cpu_prepack
+from pagedserve.services.gpu_worker.platforms import cpu_prepack
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 
 from pagedserve.kernels import cpu_small_gemm
 from pagedserve.services.gpu_worker.layers import linear as linear_layers
+from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
 
 pytestmark = pytest.mark.skipif(
     not cpu_small_gemm.cpu_has_avx512_bf16(),
@@ -86,11 +87,11 @@ def test_refuses_what_it_cannot_fuse():
 
 
 def merged_layer(num_inter: int, num_in: int) -> linear_layers.MergedColumnParallelLinear:
-    from pagedserve.services.gpu_worker.layers import cpu_prepack
+    from pagedserve.services.gpu_worker.platforms import cpu_prepack
 
     layer = linear_layers.MergedColumnParallelLinear(num_in, [num_inter, num_inter])
     layer.weight.data = (torch.randn(2 * num_inter, num_in) / num_in**0.5).bfloat16()
-    layer.packed_weight = cpu_prepack.pack_weight(layer.weight)
+    layer.linear_method = cpu_prepack.CpuPackedLinear(cpu_prepack.pack_weight(layer.weight))
     return layer
 
 
@@ -103,7 +104,7 @@ def test_the_mlp_layer_fuses_up_to_the_kernels_rows_and_uses_torch_beyond(monkey
     for rows in (1, most, most + 1):
         x = torch.randn(rows, 64).bfloat16()
         gate, up = layer(x).chunk(2, dim=-1)
-        out = layer.silu_and_mul(x)
+        out = layer.act_and_mul(x, SiluAndMul())
         assert ((out.float() - (F.silu(gate) * up).float()).abs() <= 0.02).all()
     assert len(calls) == 2  # not past the kernel's rows
 
@@ -117,7 +118,7 @@ def test_the_mlp_layer_keeps_torchs_ops_without_the_packing_or_with_a_width_off_
         cpu_small_gemm.swiglu = lambda *a: calls.append(1) or real(*a)
         try:
             gate, up = layer(x).chunk(2, dim=-1)
-            assert torch.equal(layer.silu_and_mul(x), F.silu(gate) * up)
+            assert torch.equal(layer.act_and_mul(x, SiluAndMul()), F.silu(gate) * up)
         finally:
             cpu_small_gemm.swiglu = real
     assert calls == []

@@ -22,6 +22,8 @@ def run_step(
     dtype: torch.dtype,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
+    window: int | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     gen = torch.Generator().manual_seed(sum(seq_lens))
     num_tokens = sum(query_lens)
@@ -31,12 +33,22 @@ def run_step(
     metadata = build_attention_metadata(
         seq_lens, query_lens, block_tables, BLOCK_SIZE, torch.device("cpu")
     )
-    backend = backend_cls(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5)
+    backend = backend_cls(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5, window, softcap)
     return backend.forward(query, key, value, k_cache, v_cache, metadata)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_prefill_then_decode_steps_match_the_torch_backend(dtype: torch.dtype) -> None:
+@pytest.mark.parametrize(
+    ("dtype", "window", "softcap"),
+    [
+        (torch.float32, None, None),
+        (torch.bfloat16, None, None),
+        (torch.float32, 12, None),  # a sliding window shorter than the contexts
+        (torch.float32, 24, 4.0),  # and soft-capped scores (Gemma 2)
+    ],
+)
+def test_prefill_then_decode_steps_match_the_torch_backend(
+    dtype: torch.dtype, window: int | None, softcap: float | None
+) -> None:
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     caches = {
         cls: (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
@@ -53,7 +65,9 @@ def test_prefill_then_decode_steps_match_the_torch_backend(dtype: torch.dtype) -
     )
     for seq_lens, query_lens in steps:
         outs = {
-            cls: run_step(cls, seq_lens, query_lens, block_tables, dtype, *caches[cls])
+            cls: run_step(
+                cls, seq_lens, query_lens, block_tables, dtype, *caches[cls], window, softcap
+            )
             for cls in caches
         }
         torch.testing.assert_close(

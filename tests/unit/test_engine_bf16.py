@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from pagedserve.services.engine import LLMEngine
-from pagedserve.services.gpu_worker.model_runner import cpu_supports_bf16
+from pagedserve.services.gpu_worker.platforms.cpu import cpu_supports_bf16
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
 from tests.fixtures.hf_reference import hf_greedy, load_hf

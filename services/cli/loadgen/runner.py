@@ -292,7 +292,7 @@ def run_hf(args: Any, requests: list[BenchRequest], model_dir: Path) -> dict[str
 
     from pagedserve.services.cli.loadgen.hf_baseline import run_hf_baseline
     from pagedserve.services.gpu_worker.default_model import ensure_model
-    from pagedserve.services.gpu_worker.model_runner import resolve_dtype
+    from pagedserve.services.gpu_worker.platforms import resolve_dtype
 
     hf_dir = ensure_model(args.hf_model) if args.hf_model else model_dir
     device = getattr(args, "hf_device", "cpu")

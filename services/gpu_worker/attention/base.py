@@ -101,12 +101,25 @@ class BaseAttentionBackend(ABC):
     dtype. Heads are grouped: query head h reads kv head h // (num_heads // num_kv_heads).
     Batches may mix prefill chunks over a cached prefix with single-token decodes;
     `metadata.is_decode_only` lets a backend take a faster path when every sequence has one
-    new token. A backend holds no per-step state: one instance serves every layer.
+    new token. A backend holds no per-step state.
+
+    A layer with `sliding_window` W attends, from position p, only to keys p - W < k <= p
+    (W keys, itself included, as Hugging Face's mask); blocks wholly before every query's
+    window may have been given back by the scheduler and must not be read. With
+    `logit_softcap` c, scores become `c * tanh(score / c)` before the mask (Gemma 2).
     """
 
     name: str = "base"
 
-    def __init__(self, num_heads: int, num_kv_heads: int, head_dim: int, scale: float) -> None:
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        sliding_window: int | None = None,
+        logit_softcap: float | None = None,
+    ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
                 f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
@@ -115,6 +128,8 @@ class BaseAttentionBackend(ABC):
         self.num_kv_heads = num_kv_heads
         self.head_dim = head_dim
         self.scale = scale
+        self.sliding_window = sliding_window
+        self.logit_softcap = logit_softcap
 
     @abstractmethod
     def forward(

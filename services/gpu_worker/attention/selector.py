@@ -15,7 +15,9 @@ def get_attention_backend_cls(name: str, device: torch.device) -> type[BaseAtten
     if name not in BACKEND_NAMES:
         raise ValueError(f"attention backend must be one of {BACKEND_NAMES}, got {name!r}")
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        from pagedserve.services.gpu_worker.platforms import get_platform
+
+        name = get_platform(device).default_attention_backend
     if name == "torch":
         from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 

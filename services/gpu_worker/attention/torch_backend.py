@@ -32,6 +32,7 @@ from pagedserve.services.gpu_worker.attention.decode_plan import (
     plan_decode_groups,
     plan_group,
 )
+from pagedserve.services.gpu_worker.attention.windowed import windowed_attention
 
 
 def write_kv(
@@ -178,6 +179,11 @@ class TorchAttentionBackend(BaseAttentionBackend):
         with_kernel = _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache)
         all_valid = None if with_kernel else _all_slots_valid(metadata)  # kernel: unused
         write_kv(key, value, k_cache, v_cache, metadata.slot_mapping, all_valid, with_kernel)
+        if self.sliding_window is not None or self.logit_softcap is not None:
+            return windowed_attention(
+                query, k_cache, v_cache, metadata, self.scale, self.sliding_window,
+                self.logit_softcap,
+            )  # fmt: skip
         if cpu_paged_attention.supports(query, k_cache):
             return self._forward_with_kernel(query, key, value, k_cache, v_cache, metadata)
         if metadata.is_decode_only:

@@ -39,6 +39,8 @@ class TritonAttentionBackend(BaseAttentionBackend):
                 metadata.seq_lens,
                 self.scale,
                 max_seq_len=metadata.max_seq_len,
+                sliding_window=self.sliding_window,
+                softcap=self.logit_softcap,
             )
         return paged_prefill_attention(
             query,
@@ -50,6 +52,8 @@ class TritonAttentionBackend(BaseAttentionBackend):
             self.scale,
             max_query_len=metadata.max_query_len,
             work_items=self.prefill_work_items(metadata, query.dtype),
+            sliding_window=self.sliding_window,
+            softcap=self.logit_softcap,
         )
 
     def prefill_work_items(self, metadata: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.services.gpu_worker.layers.cpu_prepack import Bf16Packing, Fp32Packing, linear
+from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
 from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     gather_last_dim_to_rank0,
@@ -53,10 +53,10 @@ class ParallelLMHead(VocabParallelEmbedding):
 
     def __init__(self, vocab_size: int, hidden_size: int) -> None:
         super().__init__(vocab_size, hidden_size)
-        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
+        self.linear_method: BaseLinearMethod = PLAIN_LINEAR  # a platform may swap it
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor | None:  # [B, H] -> [B, V] | None
-        logits = linear(hidden, self.weight, packed_weight=self.packed_weight)
+        logits = self.linear_method.apply(hidden, self.weight)
         full = gather_last_dim_to_rank0(logits)
         if full is None:
             return None

@@ -9,15 +9,11 @@ parallel, o_proj and down_proj row parallel: one all-reduce per block half.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.services.gpu_worker.layers.cpu_prepack import (
-    Bf16Packing,
-    Fp32Packing,
-    linear,
-    swiglu,
-)
+from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
+from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
+from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
 from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
@@ -45,7 +41,7 @@ class ColumnParallelLinear(nn.Module):
         self.output_size_per_rank = divide(output_size, self.tp_size, "output features")
         self.weight = nn.Parameter(torch.empty(self.output_size_per_rank, input_size))
         self.weight.weight_loader = self.weight_loader
-        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
+        self.linear_method: BaseLinearMethod = PLAIN_LINEAR  # a platform may swap it
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(self.output_size_per_rank))
@@ -58,7 +54,7 @@ class ColumnParallelLinear(nn.Module):
         _copy_checked(param, loaded.narrow(0, self.tp_rank * size, size), "column shard")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.packed_weight)
+        return self.linear_method.apply(x, self.weight, self.bias)
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -77,16 +73,15 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         shard = loaded.narrow(0, self.tp_rank * size, size)
         _copy_checked(param.data.narrow(0, offset, size), shard, f"merged part {shard_id}")
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
-        """silu(first output) * second output, the SwiGLU of an MLP's merged gate and up: on a
-        CPU with the bf16 kernel in one fused pass (no bias), else as the three torch ops."""
+    def act_and_mul(self, x: torch.Tensor, act_and_mul: CustomOp) -> torch.Tensor:
+        """act(first output) * second output (an MLP's merged gate and up): a SwiGLU in one
+        pass where the linear method has one (no bias), else the product, then the op."""
         two_halves = len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
-        if two_halves and self.bias is None:
-            fused = swiglu(x, self.weight, self.packed_weight)
+        if isinstance(act_and_mul, SiluAndMul) and two_halves and self.bias is None:
+            fused = self.linear_method.apply_silu_and_mul(x, self.weight)
             if fused is not None:
                 return fused
-        gate, up = self(x).chunk(2, dim=-1)
-        return F.silu(gate) * up
+        return act_and_mul(self(x))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -138,7 +133,7 @@ class RowParallelLinear(nn.Module):
         self.input_size_per_rank = divide(input_size, self.tp_size, "input features")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
         self.weight.weight_loader = self.weight_loader
-        self.packed_weight: Fp32Packing | Bf16Packing | None = None  # see cpu_prepack
+        self.linear_method: BaseLinearMethod = PLAIN_LINEAR  # a platform may swap it
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size))
@@ -156,7 +151,7 @@ class RowParallelLinear(nn.Module):
         _copy_checked(param, loaded, "row bias")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        out = linear(x, self.weight, packed_weight=self.packed_weight)
+        out = self.linear_method.apply(x, self.weight)
         out = all_reduce(out)
         if self.bias is not None:
             out = out + self.bias

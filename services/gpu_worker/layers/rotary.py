@@ -1,57 +1,19 @@
-"""Rotary position embedding with the config's theta and rope_scaling ("linear", "llama3").
+"""Rotary position embedding with the config's theta and rope scaling (`rope_scaling.py`).
 
-Inverse frequencies follow the Hugging Face definitions so outputs match token for token; the
-cos/sin table is precomputed for max_position_embeddings and indexed by position.
+The cos/sin table is precomputed for every position the model serves and indexed by position;
+the rotation itself is an op with a CPU form (`ApplyRotary`).
 """
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 from torch import nn
 
 from pagedserve.kernels import cpu_rotary
-
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def _inv_freq(head_dim: int, theta: float) -> torch.Tensor:
-    return 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, scaling: dict[str, Any]) -> torch.Tensor:
-    factor = scaling["factor"]
-    low_freq_factor = scaling.get("low_freq_factor", 1.0)
-    high_freq_factor = scaling.get("high_freq_factor", 4.0)
-    old_context = scaling.get("original_max_position_embeddings", 8192)
-    low_freq_wavelen = old_context / low_freq_factor
-    high_freq_wavelen = old_context / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (old_context / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    is_medium = (wavelen >= high_freq_wavelen) & (wavelen <= low_freq_wavelen)
-    return torch.where(is_medium, smoothed, scaled)
-
-
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """The inverse frequencies for a config's rope_theta and rope_scaling."""
-    inv_freq = _inv_freq(head_dim, theta)
-    if not scaling:
-        return inv_freq
-    rope_type = scaling.get("rope_type", scaling.get("type", "default"))
-    if rope_type not in SUPPORTED_ROPE_TYPES:
-        raise ValueError(
-            f"rope_scaling type {rope_type!r} is not supported (supported: "
-            f"{', '.join(SUPPORTED_ROPE_TYPES)})"
-        )
-    if rope_type == "linear":
-        return inv_freq / scaling["factor"]
-    if rope_type == "llama3":
-        return _llama3_inv_freq(inv_freq, scaling)
-    return inv_freq
+from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
+from pagedserve.services.gpu_worker.layers.rope_scaling import rope_angles
 
 
 class RotaryEmbedding(nn.Module):
@@ -64,11 +26,9 @@ class RotaryEmbedding(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq = rope_inv_freq(head_dim, theta, scaling)
-        positions = torch.arange(max_position, dtype=torch.float32)
-        freqs = torch.outer(positions, inv_freq)  # [P, D/2]
-        self.register_buffer("cos", freqs.cos(), persistent=False)
-        self.register_buffer("sin", freqs.sin(), persistent=False)
+        cos, sin = rope_angles(head_dim, max_position, theta, scaling)  # [P, D/2] each
+        self.register_buffer("cos", cos, persistent=False)
+        self.register_buffer("sin", sin, persistent=False)
 
     def angles(self, positions: torch.Tensor) -> RopeAngles:
         """cos and sin at `positions`, [T, 1, D/2] each: the same for every layer, so a model
@@ -80,6 +40,33 @@ class RotaryEmbedding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:  # q [T, Hq, D], k [T, Hkv, D]
         angles = self.angles(positions)
         return rotate(q, angles), rotate(k, angles)
+
+
+def rope_parameters(config: Any) -> dict[str, Any]:
+    """The config's rope scaling dict with its theta (transformers >= 5 keeps both in
+    `rope_parameters`; older ones split `rope_theta` and `rope_scaling`)."""
+    rope = dict(
+        getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    )
+    if "rope_theta" not in rope:
+        rope["rope_theta"] = getattr(config, "rope_theta", None) or 10000.0
+    original = getattr(config, "original_max_position_embeddings", None)
+    if original is not None:  # Phi-3 keeps it beside the rope parameters
+        rope.setdefault("original_max_position_embeddings", original)
+    return rope
+
+
+def rotary_from_config(config: Any, head_dim: int) -> RotaryEmbedding:
+    return rotary_from_params(config, head_dim, rope_parameters(config))
+
+
+def rotary_from_params(config: Any, head_dim: int, rope: dict[str, Any]) -> RotaryEmbedding:
+    """The rotary embedding of one set of rope parameters (a model may have one per layer
+    type)."""
+    partial = rope.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0):
+        raise ValueError(f"partial_rotary_factor {partial} is not supported (only 1.0)")
+    return RotaryEmbedding(head_dim, config.max_position_embeddings, rope["rope_theta"], rope)
 
 
 RopeAngles = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [T, 1, D/2]
@@ -95,11 +82,16 @@ def rotate(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
     return out.to(x.dtype)
 
 
-def rotate_in_place(x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
-    """`rotate` for a tensor nobody else reads (a layer's fresh q/k projection), which it may
-    write over: on the CPU one C call (`kernels/cpu_rotary.c`, the same arithmetic) in place
-    of ten small torch ops; elsewhere `rotate`."""
-    cos, sin = angles
-    if cpu_rotary.supports(x, cos, sin):
-        return cpu_rotary.rotate_in_place(x, cos, sin)
-    return rotate(x, angles)
+class ApplyRotary(CustomOp):
+    """Rotates x [T, H, D] by its tokens' angles and may write over x, so it is called on a
+    tensor nobody else reads (a layer's fresh q/k projection). The CPU form is one C call
+    (`kernels/cpu_rotary.c`, the same arithmetic) in place of ten small torch ops."""
+
+    def forward_native(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        return rotate(x, angles)
+
+    def forward_cpu(self, x: torch.Tensor, angles: RopeAngles) -> torch.Tensor:
+        cos, sin = angles
+        if cpu_rotary.supports(x, cos, sin):
+            return cpu_rotary.rotate_in_place(x, cos, sin)
+        return rotate(x, angles)

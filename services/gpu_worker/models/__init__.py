@@ -1,13 +1,28 @@
-"""Model architectures by Hugging Face `architectures` name."""
+"""Model architectures by Hugging Face `architectures` name, each a `BaseCausalLM`."""
 
 from __future__ import annotations
 
+from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
+from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
+from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
+from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
+from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM
+from pagedserve.services.gpu_worker.models.phi3 import Phi3ForCausalLM
+from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 
-MODEL_REGISTRY: dict[str, type[LlamaForCausalLM]] = {
+MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
+    "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "GemmaForCausalLM": GemmaForCausalLM,
+    "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "GraniteForCausalLM": GraniteForCausalLM,
+    "Phi3ForCausalLM": Phi3ForCausalLM,
+    "Gemma2ForCausalLM": Gemma2ForCausalLM,
+    "Gemma3ForCausalLM": Gemma3ForCausalLM,
 }
 
 
@@ -16,10 +31,17 @@ _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma": "GemmaForCausalLM",
+    "olmo2": "Olmo2ForCausalLM",
+    "granite": "GraniteForCausalLM",
+    "phi3": "Phi3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
 }
 
 
-def get_model_cls(architectures: list[str], model_type: str = "") -> type[LlamaForCausalLM]:
+def get_model_cls(architectures: list[str], model_type: str = "") -> type[BaseCausalLM]:
     names = architectures or [_MODEL_TYPES.get(model_type, f"<model_type {model_type!r}>")]
     for name in names:
         if name in MODEL_REGISTRY:

@@ -74,6 +74,34 @@ def test_only_dead_engines_entries_are_claimed_once_idle(redis_url: str) -> None
     asyncio.run(scenario())
 
 
+def test_a_dead_engines_routed_requests_are_claimed_delivered_or_not(redis_url: str) -> None:
+    async def scenario() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        dead = RedisIO(client, KEYS, "engine-dead")
+        await dead.setup()
+        await client.sadd(KEYS.engines, "engine-dead", "engine-live")
+        routed = KEYS.routed_requests("engine-dead")
+        for i in range(4):
+            await client.xadd(routed, {"m": encode(request(i))})
+        delivered = await dead.read_new(count=2, block_ms=None)  # 2 read, 2 never read
+        assert [e.stream for e in delivered] == [routed, routed]
+        live = RedisIO(client, KEYS, "engine-live")
+        await live.setup()
+        await client.set(KEYS.engine("engine-live"), "1")
+        await client.set(KEYS.engine("engine-dead"), "1")
+        assert await live.claim_abandoned(min_idle_ms=10) == []  # alive: nothing taken
+        await client.delete(KEYS.engine("engine-dead"))  # its status expired
+        await asyncio.sleep(0.05)
+        claimed = await live.claim_abandoned(min_idle_ms=10)
+        assert sorted(e.request.request_id for e in claimed) == ["r-0", "r-1", "r-2", "r-3"]
+        assert {e.stream for e in claimed} == {routed}
+        other = RedisIO(client, KEYS, "engine-other")
+        assert await other.claim_abandoned(min_idle_ms=10) == []  # each entry taken once
+        await client.aclose()
+
+    asyncio.run(scenario())
+
+
 def make_status_reporter() -> tuple[StatusReporter, Scheduler, WorkerLink]:
     """A status reporter over a real Scheduler; Redis and the workers are never contacted."""
     scheduler = make_scheduler()

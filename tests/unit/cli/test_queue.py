@@ -97,13 +97,51 @@ def test_engines_show_load_kv_and_heartbeat(redis_client: redis.Redis) -> None:
     assert (engines["engine0"]["num_running"], engines["engine0"]["num_waiting"]) == (3, 7)
     assert 0.4 <= engines["engine0"]["heartbeat_age_s"] < 3
     assert engines["engine1"]["alive"] is False
-    assert engines["engine2"] == {"engine_id": "engine2", "alive": False, "heartbeat_age_s": None}
+    assert engines["engine2"] == {"engine_id": "engine2", "alive": False, "heartbeat_age_s": None,
+                                  "num_cached_blocks": 0, "num_routed": 0}  # fmt: skip
     text = render_queue(read_queue(redis_client, NS))
     engine0_line = next(
         line for line in text.splitlines() if line.startswith("engine0  node-a  yes")
     )
     assert "25.0%" in engine0_line and "75/100" in engine0_line
     assert "no (status expired)" in text
+
+
+def test_engines_show_cached_blocks_and_routed_queue(redis_client: redis.Redis) -> None:
+    write_engine(redis_client, "engine0", num_running=1, num_waiting=0)
+    redis_client.sadd(KEYS.cache_summary("engine0"), b"a" * 8, b"b" * 8, b"c" * 8)
+    for i in range(2):
+        redis_client.xadd(KEYS.routed_requests("engine0"), {"m": f"r{i}"})
+    redis_client.sadd(KEYS.engines, "engine1")  # dead, with a routed request left
+    redis_client.xadd(KEYS.routed_requests("engine1"), {"m": "r"})
+    engines = {e["engine_id"]: e for e in read_queue(redis_client, NS)["engines"]}
+    assert (engines["engine0"]["num_cached_blocks"], engines["engine0"]["num_routed"]) == (3, 2)
+    assert (engines["engine1"]["num_cached_blocks"], engines["engine1"]["num_routed"]) == (0, 1)
+    text = render_queue(read_queue(redis_client, NS))
+    assert "cached blocks" in text and "routed" in text
+    engine0_line = next(line for line in text.splitlines() if line.startswith("engine0 "))
+    assert engine0_line.split()[-5:-3] == ["3", "2"], engine0_line  # then "N.N s ago"
+
+
+def test_requests_routed_to_an_engine_count_in_the_queue_and_in_flight(
+    redis_client: redis.Redis,
+) -> None:
+    make_queue(redis_client, num_queued=1, num_taken={})  # one on the shared stream, untaken
+    write_engine(redis_client, "engine0")
+    routed = KEYS.routed_requests("engine0")
+    redis_client.xgroup_create(routed, ENGINE_GROUP, id="0", mkstream=True)
+    for request_id in ("routed-0", "routed-1"):
+        request = GenerateRequest(request_id, [1, 2], SamplingParams(), gateway_id="gw0")
+        redis_client.xadd(routed, {"m": encode(request)})
+    redis_client.xreadgroup(ENGINE_GROUP, "engine0", {routed: ">"}, count=1)
+    snap = read_queue(redis_client, NS)
+    stream = snap["stream"]
+    assert (stream["length"], stream["pending"], stream["undelivered"]) == (3, 1, 2)
+    assert stream["routed_keys"] == [routed]
+    assert [r["request_id"] for r in snap["in_flight"]] == ["routed-0"]
+    assert snap["consumers"] == [
+        {"name": "engine0", "pending": 1, "idle_s": snap["consumers"][0]["idle_s"]}
+    ]
 
 
 def test_gateways_alive_by_heartbeat_key(redis_client: redis.Redis) -> None:

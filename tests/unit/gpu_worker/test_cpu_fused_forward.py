@@ -10,7 +10,7 @@ import torch
 from pagedserve.kernels import cpu_small_gemm
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
-from pagedserve.services.gpu_worker.models.cpu_fused_forward import SWITCH, CpuFusedForward
+from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import SWITCH, CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
 
@@ -31,13 +31,9 @@ def engine() -> LLMEngine:
     )
 
 
-def run_steps(model, fused: CpuFusedForward | None, caches, steps):
+def run_steps(forward_pass, caches, steps):
     """Each step's final hidden states, through the fused path or the modules."""
-    model.cpu_fused = fused
-    outputs = []
-    for token_ids, positions, metadata in steps:
-        outputs.append(model(token_ids, positions, caches, metadata))
-    return outputs
+    return [forward_pass(t, p, caches, metadata) for t, p, metadata in steps]
 
 
 def two_steps(vocab: int):
@@ -61,19 +57,16 @@ def two_steps(vocab: int):
 
 def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
     model = engine.runner.model
-    fused = model.cpu_fused
-    assert fused is not None
+    fused = engine.runner.forward_pass
+    assert isinstance(fused, CpuFusedForward)  # the CPU platform chose it for SmolLM2
     calls, real = [], fused.forward
     monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
     steps = two_steps(model.config.vocab_size)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
     module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    try:
-        with torch.inference_mode():
-            ours = run_steps(model, fused, caches, steps)
-            theirs = run_steps(model, None, module_caches, steps)
-    finally:
-        model.cpu_fused = fused
+    with torch.inference_mode():
+        ours = run_steps(fused, caches, steps)
+        theirs = run_steps(model, module_caches, steps)
     assert calls == [1, 1]  # both steps took the fused path
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b)
@@ -82,23 +75,22 @@ def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
 
 
 def test_greedy_generation_is_unchanged(engine):
-    model = engine.runner.model
-    fused = model.cpu_fused
+    fused = engine.runner.forward_pass
     texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
     greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     with_fused = engine.generate(texts, greedy)
     engine.reset_prefix_cache()
-    model.cpu_fused = None
+    engine.runner.forward_pass = engine.runner.model
     try:
         without = engine.generate(texts, greedy)
     finally:
-        model.cpu_fused = fused
+        engine.runner.forward_pass = fused
     assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
     assert "Paris" in with_fused[0].text
 
 
 def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):
-    fused = engine.runner.model.cpu_fused
+    fused = engine.runner.forward_pass
     assert fused.takes(1) and fused.takes(fused.max_rows) and not fused.takes(fused.max_rows + 1)
     assert not fused.takes(0)
     calls = []
@@ -112,11 +104,10 @@ def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):
 
 
 def test_a_slot_past_the_cache_is_an_error(engine):
-    model = engine.runner.model
     num_blocks = engine.runner.kv_caches[0][0].shape[0]
     metadata = build_attention_metadata([1], [1], [[num_blocks]], BLOCK_SIZE, torch.device("cpu"))
     with torch.inference_mode(), pytest.raises(ValueError, match="past the caches"):
-        model.cpu_fused.forward(
+        engine.runner.forward_pass.forward(
             torch.tensor([5]), torch.tensor([0]), engine.runner.kv_caches, metadata
         )
 
@@ -130,3 +121,13 @@ def test_not_built_where_it_does_not_apply(engine, monkeypatch):
     layer = model.layers[3].self_attn.qkv_proj
     monkeypatch.setattr(layer, "bias", torch.zeros(layer.weight.shape[0], dtype=torch.bfloat16))
     assert CpuFusedForward.build(model) is None  # a bias (Qwen2's q/k/v): the modules
+
+
+def test_not_built_for_another_architecture(tmp_path):
+    from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+    from pagedserve.services.gpu_worker.model_loader import load_model
+    from tests.fixtures.tiny_models import build_tiny_model
+
+    model_dir = build_tiny_model(tmp_path / "qwen3", "qwen3")
+    model = load_model(model_dir, TorchAttentionBackend, torch.bfloat16, torch.device("cpu"))
+    assert CpuFusedForward.build(model) is None  # q/k norms: not the Llama layer's ops

@@ -6,14 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.services.gpu_worker import model_runner
-from pagedserve.services.gpu_worker.model_runner import cpu_supports_bf16, resolve_dtype
+from pagedserve.services.gpu_worker.platforms import cpu as cpu_platform
+from pagedserve.services.gpu_worker.platforms import resolve_dtype
+from pagedserve.services.gpu_worker.platforms.cpu import cpu_supports_bf16
 
 
 @pytest.fixture
 def bf16_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
     """A CPU whose flags say AVX512-BF16, torch dispatching to AVX-512."""
-    monkeypatch.setattr(model_runner.Path, "read_text", lambda self: "flags : avx2 avx512_bf16")
+    monkeypatch.setattr(cpu_platform.Path, "read_text", lambda self: "flags : avx2 avx512_bf16")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
 
@@ -47,5 +48,5 @@ def test_torch_kernels_capped_to_avx2_gets_float32(
 def test_cpu_without_bf16_flags_gets_float32(
     bf16_cpu: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(model_runner.Path, "read_text", lambda self: "flags : avx2 fma")
+    monkeypatch.setattr(cpu_platform.Path, "read_text", lambda self: "flags : avx2 fma")
     assert not cpu_supports_bf16()

@@ -9,14 +9,16 @@ import torch.nn.functional as F
 
 from pagedserve.kernels import cpu_small_sgemm
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from pagedserve.services.gpu_worker.layers import cpu_prepack
-from pagedserve.services.gpu_worker.layers.cpu_prepack import (
+from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR
+from pagedserve.services.gpu_worker.model_loader import load_model
+from pagedserve.services.gpu_worker.platforms import cpu_prepack
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
     can_prepack,
     linear,
     pack_weight,
+    packing_of,
     prepack_linears,
 )
-from pagedserve.services.gpu_worker.model_loader import load_model
 
 requires_bf16_kernels = pytest.mark.skipif(
     not can_prepack(torch.zeros(1, 1, dtype=torch.bfloat16)),
@@ -108,10 +110,10 @@ def test_packing_runs_on_the_given_threads_and_restores_the_count():
         def __init__(self):
             super().__init__()
             self.weight = torch.nn.Parameter(torch.randn(8, 4))
-            self.packed_weight = None
+            self.linear_method = PLAIN_LINEAR
 
         def __setattr__(self, name, value):
-            if name == "packed_weight" and value is not None:
+            if name == "linear_method" and value is not PLAIN_LINEAR:
                 seen.append(torch.get_num_threads())
             super().__setattr__(name, value)
 
@@ -137,7 +139,7 @@ def test_bf16_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
         layer.mlp.down_proj,
         model.lm_head,
     ]
-    assert all(m.packed_weight is not None for m in packed)
+    assert all(packing_of(m) is not None for m in packed)
     hidden = torch.randn(5, model.config.hidden_size).bfloat16()
     unpacked_logits = F.linear(hidden, model.lm_head.weight)  # in bf16, as the model gives
     assert torch.equal(model.compute_logits(hidden), unpacked_logits)
@@ -145,10 +147,10 @@ def test_bf16_model_packs_every_linear_and_the_lm_head(tiny_llama_dir):
 
 def test_fp32_model_packs_every_linear_and_the_lm_head(fp32_path, tiny_llama_dir):
     model = _load(tiny_llama_dir, torch.float32)
-    slots = [m for m in model.modules() if hasattr(m, "packed_weight")]
-    assert slots and all(m.packed_weight is not None for m in slots)
+    slots = [m for m in model.modules() if hasattr(m, "linear_method")]
+    assert slots and all(packing_of(m) is not None for m in slots)
     kernel = fp32_path == "kernel"
-    assert all((m.packed_weight.kernel is not None) == kernel for m in slots)
+    assert all((packing_of(m).kernel is not None) == kernel for m in slots)
     hidden = torch.randn(5, model.config.hidden_size)
     expected = F.linear(hidden, model.lm_head.weight)
     torch.testing.assert_close(model.compute_logits(hidden), expected, rtol=1e-5, atol=1e-5)

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
-from pagedserve.services.gpu_worker.layers.rotary import rope_inv_freq
+from pagedserve.services.gpu_worker.layers.rope_scaling import rope_inv_freq, yarn_attention_factor
 from pagedserve.services.gpu_worker.model_loader import load_model
 from pagedserve.services.gpu_worker.models import get_model_cls
 from tests.fixtures.tiny_models import build_tiny_model
@@ -91,6 +91,15 @@ def test_missing_files_are_clear_errors(tmp_path: Path):
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 256,
         },
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256},
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "original_max_position_embeddings": 256,
+            "beta_fast": 16,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.5,
+        },
     ],
 )
 def test_rope_scaling_matches_transformers(scaling):
@@ -104,13 +113,15 @@ def test_rope_scaling_matches_transformers(scaling):
         rope_scaling=dict(scaling),
         rope_theta=500000.0,
     )
-    expected, _ = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
+    expected, attention_factor = ROPE_INIT_FUNCTIONS[scaling["rope_type"]](config, "cpu")
     torch.testing.assert_close(rope_inv_freq(16, 500000.0, scaling), expected.float())
+    if scaling["rope_type"] == "yarn":
+        assert yarn_attention_factor(scaling) == pytest.approx(attention_factor, rel=1e-12)
 
 
 def test_unsupported_rope_scaling_is_a_clear_error():
-    with pytest.raises(ValueError, match="rope_scaling type 'yarn' is not supported"):
-        rope_inv_freq(16, 10000.0, {"rope_type": "yarn", "factor": 2.0})
+    with pytest.raises(ValueError, match="rope_scaling type 'proportional' is not supported"):
+        rope_inv_freq(16, 10000.0, {"rope_type": "proportional", "factor": 2.0})
 
 
 def test_rope_scaled_model_matches_hf(tmp_path: Path):
@@ -130,3 +141,30 @@ def test_rope_scaled_model_matches_hf(tmp_path: Path):
     prompt = list(range(5, 105))
     result = engine.generate([prompt], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
     assert_matches_hf(result[0].token_ids, hf_greedy(load_hf(model_dir), prompt, 8))
+
+
+def rewrite_config(model_dir: Path, **fields: object) -> Path:
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(fields)
+    (model_dir / "config.json").write_text(json.dumps(config))
+    return model_dir
+
+
+@pytest.mark.parametrize(
+    ("fields", "named"),
+    [
+        ({"hidden_act": "relu"}, "hidden_act 'relu' is not supported"),
+        ({"partial_rotary_factor": 0.5}, "partial_rotary_factor 0.5 is not supported"),
+    ],
+)
+def test_unsupported_config_features_are_named(tmp_path: Path, fields, named):
+    model_dir = rewrite_config(build_tiny_model(tmp_path / "m", "llama"), **fields)
+    with pytest.raises(ValueError, match=named):
+        load(model_dir)
+
+
+def test_llama_biases_load_into_the_model(tmp_path: Path):
+    model = load(build_tiny_model(tmp_path / "m", "llama_biases"))
+    layer = model.layers[0]
+    assert layer.self_attn.qkv_proj.bias is not None and layer.self_attn.o_proj.bias is not None
+    assert layer.mlp.gate_up_proj.bias is not None and layer.mlp.down_proj.bias is not None

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagedserve.services.gpu_worker.model_runner import ModelRunner, resolve_dtype
+from pagedserve.services.gpu_worker.model_runner import ModelRunner
+from pagedserve.services.gpu_worker.platforms import resolve_dtype
 from pagedserve.shared.config import CacheConfig
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
@@ -194,14 +195,15 @@ def test_bfloat16_runner_runs_and_mostly_agrees(tiny_llama_dir):
     assert result.token_ids[0] in top5  # bf16 rounding may reorder close logits, not far ones
 
 
-def test_mistral_sliding_window_caps_max_model_len(tmp_path):
+def test_mistral_sliding_window_no_longer_caps_max_model_len(tmp_path):
     from tests.fixtures.tiny_models import build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path / "mistral", "mistral", sliding_window=64)
+    model_dir = build_tiny_model(tmp_path / "mistral", "mistral", sliding_window=16)
     runner = ModelRunner(
         model_dir, CacheConfig(block_size=4, num_blocks=32), dtype="float32", show_progress=False
     )
-    assert runner.max_model_len == 64
-    prompt = list(range(3, 30))
-    result = runner.execute(StepPlan(0, new_seqs=[new_seq("a", prompt, range(7))]))
+    assert runner.max_model_len == 1024  # the positions; attention slides
+    assert [s.sliding_window for s in runner.model.kv_cache_specs()] == [16, 16]
+    prompt = list(range(3, 60))  # longer than the window
+    result = runner.execute(StepPlan(0, new_seqs=[new_seq("a", prompt, range(15))]))
     assert result.token_ids == hf_greedy(load_hf(model_dir), prompt, 1).token_ids

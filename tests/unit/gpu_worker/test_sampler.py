@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
+from pagedserve.kernels import cpu_argmax
 from pagedserve.services.gpu_worker import sampler
+from pagedserve.services.gpu_worker.layers.argmax import Argmax
 from pagedserve.services.gpu_worker.sampler import (
     SamplingRow,
     apply_penalties,
@@ -281,16 +283,19 @@ def test_the_argmax_only_batch_skips_widening(monkeypatch):
     monkeypatch.setattr(
         torch.Tensor, "float", lambda self: pytest.fail("widened an argmax-only batch")
     )
-    assert sample(logits, [row(temperature=0.0)] * 3).token_ids == sampler.argmax(logits).tolist()
+    expected = Argmax(form="cpu")(logits).tolist()
+    assert sample(logits, [row(temperature=0.0)] * 3).token_ids == expected
 
 
-def test_argmax_without_the_kernel_is_torchs(monkeypatch):
+def test_argmax_forms_agree_and_the_cpu_form_without_the_kernel_is_torchs(monkeypatch):
     logits = make_logits(5, seed=9).to(torch.bfloat16)
-    with_kernel = sampler.argmax(logits)
+    cpu_form, native = Argmax(form="cpu"), Argmax(form="native")
+    with_kernel = cpu_form(logits)
+    assert torch.equal(with_kernel, native(logits))
     monkeypatch.setenv("PAGEDSERVE_CPU_ARGMAX_KERNEL", "0")
-    sampler.cpu_argmax.load.cache_clear()
+    cpu_argmax.load.cache_clear()
     try:
-        assert torch.equal(sampler.argmax(logits), logits.float().argmax(-1))
+        assert torch.equal(cpu_form(logits), logits.float().argmax(-1))
         assert torch.equal(with_kernel, logits.float().argmax(-1))
     finally:
-        sampler.cpu_argmax.load.cache_clear()
+        cpu_argmax.load.cache_clear()

@@ -83,9 +83,12 @@ def _worker(rank: int, port: int, model_dirs: list[str], plans_per_model: list, 
 def test_tp2_over_gloo_matches_hf(tiny_llama_dir: Path, tmp_path: Path) -> None:
     # A model with one KV head also exercises KV-head replication across the two ranks.
     one_kv = build_tiny_model(tmp_path / "one-kv", "llama", seed=3, num_key_value_heads=1)
+    # A dense model with a sliding window shorter than prompt "a": each rank attends its heads
+    # within the window.
+    windowed = build_tiny_model(tmp_path / "windowed", "mistral", seed=4, sliding_window=16)
     prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
     model_dirs, plans_per_model, expected = [], [], {}
-    for model_dir in (tiny_llama_dir, one_kv):
+    for model_dir in (tiny_llama_dir, one_kv, windowed):
         hf = load_hf(model_dir)
         refs = {s: hf_greedy(hf, p, NUM_STEPS) for s, p in prompts.items()}
         assert all(r.num_trusted == NUM_STEPS for r in refs.values()), "near-tie in the fixture"

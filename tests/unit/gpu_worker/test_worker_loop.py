@@ -33,6 +33,7 @@ class FakeRunner:
 
     def __init__(self) -> None:
         self.seqs: dict[str, NewSequence] = {}
+        self.sliding_windows: list[int | None] = [None, 64]  # per layer, for the hello
 
     def drop_all(self) -> None:
         self.seqs.clear()
@@ -109,6 +110,7 @@ def test_hello_then_plans_execute_and_results_come_back(harness):
     hello = harness.next_of(WorkerHello, heartbeat_epoch="e1")
     assert (hello.rank, hello.world_size, hello.num_blocks, hello.block_size) == (0, 1, 10, 16)
     assert hello.max_num_batched_tokens == 512  # the runner's: the scheduler may adopt it
+    assert hello.sliding_windows == [None, 64]  # each layer's KV-cache spec
     harness.publisher.send(StepPlan(3, new_seqs=[new_seq("a")]))
     result = harness.next_of(StepResult)
     assert (result.step_id, result.seq_ids, result.token_ids, result.error) == (3, ["a"], [7], None)

@@ -26,6 +26,7 @@ def make_scheduler(
     enable_chunked_prefill: bool = True,
     num_speculative_tokens: int = 0,
     speculative_max_num_seqs: int = 4,
+    sliding_window: int | None = None,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -42,6 +43,7 @@ def make_scheduler(
             block_size=block_size,
             num_blocks=num_blocks,
             enable_prefix_caching=enable_prefix_caching,
+            sliding_window=sliding_window,
         ),
     )
 
@@ -75,6 +77,7 @@ class FakeWorker:
 
     num_blocks: int
     block_size: int
+    sliding_window: int | None = None  # a step reads only the window of its first token
     seqs: dict[str, _SeqState] = field(default_factory=dict)
     slots: dict[int, int] = field(default_factory=dict)  # slot -> token written there
 
@@ -130,7 +133,8 @@ class FakeWorker:
         assert num_scheduled >= 1 and end <= len(tokens), (seq_id, num_computed, end)
         assert len(state.block_ids) * self.block_size >= end, f"{seq_id}: table too short"
         assert all(0 <= b < self.num_blocks for b in state.block_ids)
-        for pos in range(num_computed):  # the context it attends to must be intact
+        first = 0 if self.sliding_window is None else max(0, num_computed - self.sliding_window + 1)
+        for pos in range(first, num_computed):  # the context it attends to must be intact
             got = self.slots.get(self._slot(state, pos))
             assert got == tokens[pos], f"{seq_id}: KV at {pos} is {got}"
         for pos in range(num_computed, end):

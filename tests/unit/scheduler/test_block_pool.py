@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from pagedserve.services.scheduler.block_hash import hash_block
 from pagedserve.services.scheduler.block_pool import BlockPool, FreeBlockQueue, KVBlock
+from pagedserve.shared.block_hash import hash_block
 
 
 def free_ids(pool: BlockPool) -> list[int]:

@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from pagedserve.services.scheduler.block_hash import hash_block
 from pagedserve.services.scheduler.errors import RequestRejectedError
+from pagedserve.shared.block_hash import hash_block
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 PROMPT = list(range(13))  # 3 full blocks + 1 token at block size 4

@@ -74,3 +74,15 @@ def test_the_scheduler_process_builds_its_scheduler_from_the_shape() -> None:
     assert scheduler.config.max_num_batched_tokens == 256
     assert scheduler.config.max_model_len == 300
     assert (link.block_size, link.min_num_blocks) == (8, 40)  # later ranks must hold it
+
+
+def test_the_window_blocks_slide_out_of_is_the_widest_when_every_layer_has_one():
+    from pagedserve.shared.config import CacheConfig, SchedulerConfig
+
+    def shape(windows):
+        hello = WorkerHello(0, 1, 100, 16, 2048, "fake", 1, sliding_windows=windows)
+        return EngineShape.derive([hello], SchedulerConfig(), CacheConfig())
+
+    assert shape([8, 16, 8]).cache_config(CacheConfig()).sliding_window == 16
+    assert shape([8, None]).sliding_window is None  # a full-attention layer reads everything
+    assert shape([]).sliding_window is None

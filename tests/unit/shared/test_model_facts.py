@@ -54,21 +54,20 @@ POSITIONS = {"max_position_embeddings": 32768}
 @pytest.mark.parametrize(
     ("config", "limit"),
     [
-        ({**POSITIONS, "sliding_window": 4096, "model_type": "mistral"}, 4096),
-        ({**POSITIONS, "sliding_window": 4096, "use_sliding_window": True}, 4096),
-        ({**POSITIONS, "sliding_window": 4096, "use_sliding_window": False}, 32768),
-        ({**POSITIONS, "sliding_window": None, "model_type": "mistral"}, 32768),
+        ({**POSITIONS, "sliding_window": 4096, "model_type": "mistral"}, 32768),
+        ({**POSITIONS, "sliding_window": 4096, "use_sliding_window": True}, 32768),
+        ({**POSITIONS, "rope_scaling": {"rope_type": "dynamic", "factor": 2.0}}, 65536),
         ({"max_position_embeddings": 8192, "model_type": "llama"}, 8192),
         ({"model_type": "llama"}, None),
     ],
 )  # fmt: skip
-def test_length_limit_with_a_sliding_window(config: dict, limit: int | None) -> None:
+def test_length_limit_is_the_positions_whatever_the_window(config: dict, limit: int | None) -> None:
     assert length_limit(config) == limit
 
 
 def test_gateway_and_worker_agree_on_a_sliding_window_model(tmp_path: Path) -> None:
     """Without --max-model-len, the gateway's default max_tokens fills the context the worker
-    (and so the scheduler) allows: both cap at the window."""
+    (and so the scheduler) allows: the positions, not the window (attention slides)."""
     from transformers import MistralConfig
 
     from pagedserve.services.gateway.tokenizer import tokenizer_info
@@ -78,5 +77,5 @@ def test_gateway_and_worker_agree_on_a_sliding_window_model(tmp_path: Path) -> N
     config = MistralConfig(max_position_embeddings=32768, sliding_window=4096)
     config.save_pretrained(tmp_path)
     gateway = tokenizer_info(load_test_tokenizer().tokenizer, tmp_path)
-    assert gateway.max_model_len == model_len_limit(config) == 4096
+    assert gateway.max_model_len == model_len_limit(config) == 32768
     assert read_model_facts(tmp_path).eos_token_ids == gateway.eos_token_ids == (2,)

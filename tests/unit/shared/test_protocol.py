@@ -52,6 +52,7 @@ def make_plan() -> StepPlan:
         OutputBatch("e1", [TokenDelta("r1", [5, 6], [-0.1, -0.2], None, "stop", None, None, 2, 2)]),
         StepResult(7, ["a", "b"], [10, 11], [-0.5, -1.0], [[[10, -0.5]], [[11, -1.0]]]),
         WorkerHello(0, 2, 100, 16, 2048, "tiny", 42, max_num_batched_tokens=512, vocab_size=99),
+        WorkerHello(0, 1, 100, 16, 2048, "tiny", 42, sliding_windows=[4096, None, 4096]),
         Heartbeat(role="worker", time=12.5, step_id=3, rank=1),
         Heartbeat(role="scheduler", time=12.5, step_id=4, epoch="abc123"),
         Shutdown("bye"),

@@ -47,9 +47,10 @@ multiplies it, so that no decode step re-packs it.
   Its outputs are oneDNN's but for rare last-bit roundings (the sums run in another order).
 
 A layer keeps its plain weight (the tied embedding, tensor-parallel loading and anything that
-reads parameters still see it); the packed copy is the layer's `packed_weight`, used by
-`linear`. It costs one more copy of the linear weights in memory (two for bf16 on a CPU with
-AVX512-BF16 but no AMX: oneDNN's and the few-row kernel's).
+reads parameters still see it); the packed copy lives in its linear method, `CpuPackedLinear`,
+which the CPU platform gives every packable layer once the weights are loaded. It costs one
+more copy of the linear weights in memory (two for bf16 on a CPU with AVX512-BF16 but no AMX:
+oneDNN's and the few-row kernel's).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.services.gpu_worker.layers.linear_method import BaseLinearMethod
 
 MKL_PACK_ROWS = 64  # the row count fp32 weights are packed for (see the module's note)
 
@@ -179,16 +181,38 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, packed_weight: object) -> torc
     return cpu_small_gemm.swiglu(x, packed_weight.few_rows, num_inter)
 
 
+class CpuPackedLinear(BaseLinearMethod):
+    """The linear method of a layer whose weight is packed (see the module's note)."""
+
+    def __init__(self, packing: Fp32Packing | Bf16Packing) -> None:
+        self.packing = packing
+
+    def apply(
+        self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        return linear(x, weight, bias, self.packing)
+
+    def apply_silu_and_mul(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+        return swiglu(x, weight, self.packing)
+
+
+def packing_of(layer: nn.Module) -> Fp32Packing | Bf16Packing | None:
+    """The layer's packed weight, if its linear method is the packed one."""
+    method = getattr(layer, "linear_method", None)
+    return method.packing if isinstance(method, CpuPackedLinear) else None
+
+
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
-    """Pack every layer of `model` that has a `packed_weight` slot and a packable weight, on
-    `num_threads` threads (default: the current count); returns how many were packed."""
+    """Give every layer of `model` that has a linear method and a packable weight the packed
+    method, packing on `num_threads` threads (default: the current count); returns how many
+    were packed."""
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or previous_threads)
     try:
         num_packed = 0
         for module in model.modules():
-            if hasattr(module, "packed_weight") and can_prepack(module.weight):
-                module.packed_weight = pack_weight(module.weight)
+            if hasattr(module, "linear_method") and can_prepack(module.weight):
+                module.linear_method = CpuPackedLinear(pack_weight(module.weight))
                 num_packed += 1
         return num_packed
     finally:

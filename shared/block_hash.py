@@ -6,7 +6,7 @@ output, and a leak between users sharing the cache). The old key,
 `hash((parent, tuple(tokens)))`, is 64 bits, unkeyed for ints and easy to invert: the tuple
 hash is a chain of invertible steps, so a birthday search over random prefixes finds two
 8-token blocks of ids in [0, 32000) with equal keys in under 20 s of numpy (see
-`tests/unit/scheduler/test_block_hash.py` for such a pair). vLLM had an advisory for this
+`tests/unit/shared/test_block_hash.py` for such a pair). vLLM had an advisory for this
 class of bug (GHSA-rm76-4mrf-v9r8, predictable `hash()` block keys) and has chained SHA-256
 over each block by default since v0.10.2.
 The full 32-byte digest is kept: no argument needed about how many bits are enough, and the
@@ -82,3 +82,29 @@ def _pack_token_ids(token_ids: Sequence[int]) -> array:
 
 def _is_valid_token_id(token_id: object) -> bool:
     return isinstance(token_id, int) and 0 <= token_id < 2**64
+
+
+def prefix_block_hashes(
+    token_ids: Sequence[int],
+    block_size: int,
+    num_blocks: int | None = None,
+    cache_salt: str | None = None,
+) -> list[bytes]:
+    """The chained digests of the first `num_blocks` full blocks of `token_ids` (default:
+    every full block) under `cache_salt`, the keys under which an engine caches that prefix."""
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    num_full = len(token_ids) // block_size
+    num_blocks = num_full if num_blocks is None else min(num_blocks, num_full)
+    hashes: list[bytes] = []
+    parent = None
+    for i in range(num_blocks):
+        parent = hash_block(parent, token_ids[i * block_size : (i + 1) * block_size], cache_salt)
+        hashes.append(parent)
+    return hashes
+
+
+def max_hit_blocks(num_tokens: int, block_size: int) -> int:
+    """Full blocks of a `num_tokens` sequence a prefix-cache hit may cover: never the whole
+    sequence, so that at least one token is computed and gives logits to sample from."""
+    return max(0, (num_tokens - 1) // block_size)

@@ -1,4 +1,6 @@
-"""The Llama family's forward pass on a CPU in bf16 as one loop of C calls.
+"""The Llama family's forward pass on a CPU in bf16 as one loop of C calls, a forward pass the
+CPU platform builds for a plain `LlamaForCausalLM` (no other architecture: it is the Llama
+layer's ops in the Llama layer's order).
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
@@ -9,16 +11,16 @@ loaded (which kernels, which weights, which layouts); a step allocates its buffe
 calls the kernels layer after layer with raw pointers. The kernels and their order are the
 module path's, so the hidden states are the same bits.
 
-`CpuFusedForward.build(model)` is None where this does not apply (not a CPU or not bf16,
-tensor parallel, a kernel missing, AMX tiles, a bias), and a step goes through the modules
-when its rows are more than the products take (`cpu_small_gemm.max_rows`).
+`CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
+a CPU or not bf16, tensor parallel, a kernel missing, AMX tiles, a bias, another activation),
+and a step goes through the modules when its rows are more than the products take
+(`cpu_small_gemm.max_rows`).
 `PAGEDSERVE_CPU_FUSED_FORWARD=0` turns it off.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
@@ -34,12 +36,13 @@ from pagedserve.services.gpu_worker.attention.torch_backend import (
     TorchAttentionBackend,
     kernel_split,
 )
-from pagedserve.services.gpu_worker.layers.cpu_prepack import Bf16Packing
+from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
+from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLayer
+from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
+from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import Bf16Packing, packing_of
 from pagedserve.shared.options import switch_on
-
-if TYPE_CHECKING:
-    from pagedserve.services.gpu_worker.models.llama import LlamaDecoderLayer, LlamaForCausalLM
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
 BF16_BYTES = 2
@@ -76,14 +79,16 @@ class _Shape:
 
 def _few_rows(layer: torch.nn.Module) -> torch.Tensor | None:
     """The layer's panels for the `vdpbf16ps` product, if it has them and no bias."""
-    packed = getattr(layer, "packed_weight", None)
+    packed = packing_of(layer)
     if not isinstance(packed, Bf16Packing) or getattr(layer, "bias", None) is not None:
         return None
     return packed.few_rows
 
 
-def _layer_pointers(layer: LlamaDecoderLayer) -> _LayerPointers | None:
+def _layer_pointers(layer: PreNormDecoderLayer) -> _LayerPointers | None:
     attn, mlp = layer.self_attn, layer.mlp
+    if attn.q_norm is not None or not isinstance(mlp.act_and_mul, SiluAndMul):
+        return None
     panels = [_few_rows(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if any(p is None for p in panels) or any(
@@ -108,7 +113,9 @@ def _kernels_ready(shape: _Shape) -> bool:
 
 
 class CpuFusedForward:
-    """`LlamaForCausalLM.forward` for a CPU bf16 model, see the module docstring."""
+    """`LlamaForCausalLM.forward` for a CPU bf16 model, see the module docstring. Called as
+    the model is, it takes the steps whose rows the products take and leaves the others to
+    the modules."""
 
     def __init__(
         self, model: LlamaForCausalLM, shape: _Shape, layers: list[_LayerPointers]
@@ -131,8 +138,12 @@ class CpuFusedForward:
         self.attend = cpu_paged_attention.load().paged_attention
 
     @classmethod
-    def build(cls, model: LlamaForCausalLM) -> CpuFusedForward | None:
+    def build(cls, model: BaseCausalLM) -> CpuFusedForward | None:
         """The fused forward of `model`, or None where it does not apply."""
+        if type(model) is not LlamaForCausalLM:  # a subclass may change any step
+            return None
+        if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
+            return None  # the C attention kernel has no window
         embed = model.embed_tokens.weight
         first = model.layers[0].self_attn
         if (
@@ -161,6 +172,17 @@ class CpuFusedForward:
 
     def takes(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_rows
+
+    def __call__(
+        self,
+        token_ids: torch.Tensor,  # [T]
+        positions: torch.Tensor,  # [T]
+        kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, H] final hidden states
+        if self.takes(token_ids.shape[0]):
+            return self.forward(token_ids, positions, kv_caches, metadata)
+        return self.model(token_ids, positions, kv_caches, metadata)
 
     def forward(
         self,

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pagedserve.services.scheduler.block_hash import DIGEST_SIZE, hash_block
+from pagedserve.shared.block_hash import DIGEST_SIZE, hash_block
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler, run_step
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -116,7 +116,7 @@ def test_chained_digests_are_the_same_in_another_process_with_another_hash_seed(
     prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9, 3, 2**31]
     expected = [d.hex() for d in chain_digests(prompt, block_size=4)]
     script = (
-        "from tests.unit.scheduler.test_block_hash import chain_digests\n"
+        "from tests.unit.shared.test_block_hash import chain_digests\n"
         f"print(' '.join(d.hex() for d in chain_digests({prompt!r}, 4)))\n"
     )
     for seed in ("0", "4242"):

@@ -1,0 +1,59 @@
+"""The CPU platform: bf16 only where matmuls are native bf16, 8-token blocks, a thread count
+chosen from the idle cores, linears packed once at load (`cpu_prepack.py`), the fused bf16
+forward pass where it applies (`cpu_fused_forward.py`), and a KV cache of a memory budget."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from pagedserve.services.gpu_worker.cpu_threads import cpu_threads, most_threads
+from pagedserve.services.gpu_worker.kv_cache import DEFAULT_CPU_KV_CACHE_BYTES, num_blocks_for_bytes
+from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
+from pagedserve.services.gpu_worker.platforms.base import BasePlatform, ForwardPass, KVSizing
+from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import prepack_linears
+
+# oneDNN ISA caps (ONEDNN_MAX_CPU_ISA) below which it has no native bf16 matmul
+_ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
+                             "AVX512_CORE_VNNI")  # fmt: skip
+
+
+def cpu_supports_bf16() -> bool:
+    """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
+    (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) is capped below AVX-512, as they
+    are to run as an AVX2-only machine would (where bf16 is emulated and slower than fp32)."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    if os.environ.get("ONEDNN_MAX_CPU_ISA", "").upper() in _ONEDNN_ISAS_WITHOUT_BF16:
+        return False
+    if not str(torch.backends.cpu.get_cpu_capability()).upper().startswith("AVX512"):
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+class CpuPlatform(BasePlatform):
+    device_type = "cpu"
+    default_attention_backend = "torch"
+
+    def set_up_process(self, rank: int, world_size: int) -> None:
+        torch.set_num_threads(cpu_threads(world_size))
+
+    def default_dtype(self) -> torch.dtype:
+        return torch.bfloat16 if cpu_supports_bf16() else torch.float32
+
+    def prepare_model(self, model: BaseCausalLM, world_size: int) -> None:
+        # packed on the most threads the worker will run with (see cpu_prepack)
+        prepack_linears(model, most_threads(self.device, world_size))
+
+    def forward_pass(self, model: BaseCausalLM) -> ForwardPass:
+        fused = CpuFusedForward.build(model)
+        return model if fused is None else fused
+
+    def num_kv_blocks(self, sizing: KVSizing) -> int:
+        budget = sizing.cache_config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES
+        return num_blocks_for_bytes(budget, sizing.layout.block_bytes())
