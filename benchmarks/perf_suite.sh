@@ -10,6 +10,11 @@
 #              again, up to 3 times: benchmarks/steal_guard.py)
 #   ROUNDS=N   alternate pagedserve and transformers serve N times; each level reports each
 #              server's median round (benchmarks/server_rounds.py; N x ~8 min in AVX2 fp32)
+#   VLLM_PYTHON=/path/to/vllm-venv/bin/python
+#              also step 5: against vLLM's CPU build, the same workload at 16 and 64 in flight
+#              and a Poisson request-rate sweep (RATES, default 0.5,1,2), ROUNDS alternated
+#              rounds, medians over the rounds without steal, rate plots (benchmarks/vs_vllm.py)
+#   ONLY=vllm  only step 5
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-benchmarks/results}
@@ -21,9 +26,13 @@ if [[ "${ISA:-}" == "avx2" ]]; then
 fi
 WORKLOAD=(--num-prompts "${PROMPTS:-192}" --seed 0 --prompt-len 64 --prompt-len-sigma 0.8
           --output-len 48 --output-len-sigma 1.0)
+if [[ "${ONLY:-}" == "vllm" && -z "${VLLM_PYTHON:-}" ]]; then
+  echo "ONLY=vllm needs VLLM_PYTHON (the python of the venv vLLM's CPU build is in)" >&2
+  exit 2
+fi
 mkdir -p "$OUT"
 uptime | tee "$OUT/load.txt"
-if [[ "${ONLY:-}" != "tf" ]]; then
+if [[ -z "${ONLY:-}" ]]; then
 # 1. end to end through gateway + Redis + scheduler + worker, then HF generate on the same requests
 $PY -m benchmarks.serve --launch --worker-threads "$THREADS" "${WORKLOAD[@]}" \
   --prompt-len-range 8,512 --output-len-range 4,384 --concurrency-sweep 16,32,64,128 \
@@ -38,6 +47,7 @@ $PY -m benchmarks.roofline --threads "$THREADS" --batch-sizes "${ROOF_BATCHES:-1
   --out "$OUT/roofline.json"
 uptime | tee -a "$OUT/load.txt"
 fi
+if [[ "${ONLY:-}" != "vllm" ]]; then
 # 4. against transformers serve --continuous-batching and HF generate: same workload, client and
 #    run, TTFT / TPOT at 16 and 64 in flight, % of the FLOP limit, greedy texts compared
 $PY -m benchmarks.vs_transformers_serve --num-prompts "${TF_PROMPTS:-48}" --seed 0 \
@@ -45,4 +55,12 @@ $PY -m benchmarks.vs_transformers_serve --num-prompts "${TF_PROMPTS:-48}" --seed
   --num-speculative-tokens "${SPEC_TOKENS:-0}" --speculative-max-num-seqs "${SPEC_MAX_SEQS:-32}" \
   --rounds "${ROUNDS:-1}" --out "$OUT/vs_transformers_serve"
 uptime | tee -a "$OUT/load.txt"
+fi
+# 5. against vLLM's CPU build, where its venv is given: fixed concurrency and a rate sweep
+if [[ -n "${VLLM_PYTHON:-}" && "${ONLY:-}" != "tf" ]]; then
+  $PY -m benchmarks.vs_vllm --vllm-python "$VLLM_PYTHON" --num-prompts "${TF_PROMPTS:-48}" \
+    --seed 0 --threads "$THREADS" --concurrency 16,64 --rates "${RATES:-0.5,1,2}" \
+    --rounds "${ROUNDS:-1}" --out "$OUT/vs_vllm"
+  uptime | tee -a "$OUT/load.txt"
+fi
 $PY -m benchmarks.report_writer --dir "$OUT" > "$OUT/performance.md"

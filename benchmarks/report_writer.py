@@ -3,7 +3,7 @@
     python -m benchmarks.report_writer --dir benchmarks/results > benchmarks/results/performance.md
 
 Reads `serve.json` (`pagedserve bench`), `pipeline_overhead.json`, `roofline.json` and
-`vs_transformers_serve.json`; a file that is missing is skipped.
+`vs_transformers_serve.json` and `vs_vllm.json`; a file that is missing is skipped.
 """
 
 from __future__ import annotations
@@ -148,6 +148,7 @@ def roofline_section(report: dict[str, Any]) -> list[str]:
 
 def build_report(directory: Path) -> str:
     from benchmarks.vs_transformers_serve import report_section as vs_transformers_section
+    from benchmarks.vs_vllm_report import report as vs_vllm_report
 
     sections: list[list[str]] = []
     for name, section in (
@@ -155,6 +156,7 @@ def build_report(directory: Path) -> str:
         ("pipeline_overhead.json", pipeline_section),
         ("roofline.json", roofline_section),
         ("vs_transformers_serve.json", vs_transformers_section),
+        ("vs_vllm.json", lambda result: vs_vllm_report(result).split("\n")),
     ):
         path = directory / name
         if path.is_file():

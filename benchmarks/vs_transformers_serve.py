@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench_args import add_workload_args, ints, resolved_dtype, workload_args
 from benchmarks.e2e_flops import (
     best_rate,
     fraction_of_flop_limit,
@@ -267,7 +268,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.vs_transformers_serve",
                                 description=__doc__.split("\n\n")[0])  # fmt: skip
     add = p.add_argument
-    add("--model", default="smollm2", help="model alias or directory")
+    add_workload_args(add)
     add("--dtype", default="auto", help="auto | float32 | bfloat16 (both servers)")
     add("--threads", type=int, default=None, help="OMP threads of each server (default: theirs)")
     add("--max-num-seqs", type=int, default=256)
@@ -283,14 +284,6 @@ def build_parser() -> argparse.ArgumentParser:
     add("--num-check", type=int, default=16, help="greedy requests compared across servers")
     add("--tf-max-batch-tokens", type=int, default=512, help="transformers' tokens per step")
     add("--hf-batch-sizes", default="", help="also run HF generate with these batch sizes")
-    add("--num-prompts", type=int, default=48)
-    add("--seed", type=int, default=0)
-    add("--prompt-len", type=int, default=64)
-    add("--prompt-len-sigma", type=float, default=0.8)
-    add("--prompt-len-range", default="8,512")
-    add("--output-len", type=int, default=48)
-    add("--output-len-sigma", type=float, default=1.0)
-    add("--output-len-range", default="4,384")
     add(
         "--max-steal",
         type=float,
@@ -309,35 +302,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _ints(text: str) -> list[int]:
-    return [int(x) for x in text.split(",") if x.strip()]
-
-
-def workload_args(args: argparse.Namespace) -> argparse.Namespace:
-    """The fields `services.cli.loadgen.runner.build_workload` reads."""
-    return argparse.Namespace(
-        model=args.model, tokenizer=None, dataset=None, num_prompts=args.num_prompts,
-        seed=args.seed, prompt_len=args.prompt_len, prompt_len_sigma=args.prompt_len_sigma,
-        prompt_len_range=_ints(args.prompt_len_range), output_len=args.output_len,
-        output_len_sigma=args.output_len_sigma, output_len_range=_ints(args.output_len_range),
-    )  # fmt: skip
-
-
-def resolved_dtype(dtype: str) -> str:
-    """The dtype pagedserve's worker picks for `dtype` on this CPU, as a name both servers
-    accept (transformers' own "auto" would take the checkpoint's dtype instead)."""
-    import torch
-
-    from pagedserve.services.gpu_worker.platforms import resolve_dtype
-
-    return str(resolve_dtype(dtype, torch.device("cpu"))).removeprefix("torch.")
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dtype_resolved = resolved_dtype(args.dtype)
     requests, tokenizer, model_dir = build_workload(workload_args(args))
-    loads = [LoadConfig(max_concurrency=c, seed=args.seed) for c in _ints(args.concurrency)]
+    loads = [LoadConfig(max_concurrency=c, seed=args.seed) for c in ints(args.concurrency)]
     levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=True)
     warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
     guard = StealGuard(tokenizer, args.seed, args.max_steal, args.max_attempts)
@@ -410,7 +379,7 @@ def run_hf(args: argparse.Namespace, requests: list[BenchRequest], model_dir: Pa
     from pagedserve.services.cli.loadgen.hf_baseline import run_hf_baseline
 
     dtype = getattr(torch, args.dtype_resolved)
-    sizes = _ints(args.hf_batch_sizes)
+    sizes = ints(args.hf_batch_sizes)
     return run_hf_baseline(model_dir, requests, dtype, sizes, threads=args.threads)
 
 

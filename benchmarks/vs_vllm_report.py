@@ -1,0 +1,97 @@
+"""The markdown of a `vs_vllm` result: the machine and the peer, one row per level with both
+servers' medians and their ratio, and the steal of every round."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.rate_sweep import level_name
+
+HEADER = [
+    "| level | pagedserve tok/s | vLLM tok/s | ratio | TTFT p50 ms (ours / vLLM) | TTFT p99 "
+    "| TPOT p50 | TPOT p99 | rounds kept (ours / vLLM) |",
+    "|---|---|---|---|---|---|---|---|---|",
+]
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _ratio(a: float | None, b: float | None) -> str:
+    return "-" if a is None or not b else f"{a / b:.2f}x"
+
+
+def _pair(ours: dict[str, Any], peer: dict[str, Any] | None, metric: str) -> str:
+    return f"{_num(ours[metric])} / {_num(peer[metric]) if peer else '-'}"
+
+
+def level_row(ours: dict[str, Any], peer: dict[str, Any] | None) -> str:
+    theirs = peer["output_tok_s"] if peer else None
+    kept = f"{len(ours['rounds_kept'])} / {len(peer['rounds_kept']) if peer else '-'}"
+    cells = [
+        level_name(ours),
+        _num(ours["output_tok_s"], 1),
+        _num(theirs, 1),
+        _ratio(ours["output_tok_s"], theirs),
+        *(
+            _pair(ours, peer, m)
+            for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
+        ),
+        kept,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def steal_line(rounds: dict[str, list[dict[str, Any]]]) -> str:
+    parts = []
+    for name, server_rounds in rounds.items():
+        shares = [r["steal_share"] for r in server_rounds]
+        listed = ", ".join("-" if s is None else f"{100 * s:.1f}%" for s in shares)
+        parts.append(f"{name}: {listed}")
+    return "CPU time stolen by the hypervisor per round: " + "; ".join(parts)
+
+
+def machine_line(result: dict[str, Any]) -> str:
+    m = result["machine"]
+    caps = ", ".join(f"{k}={v}" for k, v in m["isa_env"].items()) or "none"
+    return (
+        f"CPU: {m['cpu']}, {m['num_cpus']} cores, lscpu flags of note: "
+        f"{', '.join(m.get('lscpu_isa_flags') or m['isa_flags']) or 'none'}; ISA caps: {caps}; "
+        f"torch kernels: {m['torch_cpu_capability']}. {result['dtype']}, threads "
+        f"{result['threads'] or 'each server default'}; load before: "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg'])}."
+    )
+
+
+def peer_line(peer: dict[str, Any] | None) -> str:
+    if not peer:
+        return "No peer: pagedserve alone (no --vllm-python / $VLLM_PYTHON)."
+    return (
+        f"Peer: vLLM {peer['vllm']} CPU build (torch {peer['torch']}, kernels "
+        f"{peer['torch_cpu_capability']}), {peer['dtype']}, OMP threads bound to "
+        f"{peer['omp_bind']}, {peer['kv_cache_gib']} GiB KV cache."
+    )
+
+
+def report(result: dict[str, Any]) -> str:
+    w, medians = result["workload"], result["medians"]
+    ours, peer = medians["pagedserve"], medians.get("vLLM CPU")
+    lines = [
+        "## pagedserve vs vLLM's CPU build",
+        "",
+        f"{w['num_requests']} requests per level, {w['total_output_tokens']} output tokens; "
+        f"medians over {len(result['rounds']['pagedserve'])} alternated rounds, a round's "
+        f"point thrown out where more than {100 * result['max_steal']:.0f}% of the CPU was "
+        "stolen.",
+        machine_line(result),
+        peer_line(result.get("peer")),
+        "",
+        *HEADER,
+        *(level_row(o, p) for o, p in zip(ours, peer or [None] * len(ours), strict=True)),
+        "",
+        steal_line(result["rounds"]),
+        "",
+        f"Command: `{result['command']}`",
+    ]
+    return "\n".join(lines)

@@ -1,0 +1,46 @@
+"""The vLLM peer: the command and environment it is started with, its thread binding, and
+where the comparison takes its interpreter from."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from benchmarks.vllm_serve import VllmServeConfig, omp_bind, vllm_serve_argv, vllm_serve_env
+from benchmarks.vs_vllm import build_parser
+
+CONFIG = VllmServeConfig(Path("/venv/bin/python"), Path("/models/smol"), "float32", threads=1)
+
+
+def test_it_runs_vllms_openai_server_from_its_own_venv() -> None:
+    argv = vllm_serve_argv(CONFIG, 8123)
+    assert argv[:3] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == "/models/smol"
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    assert argv[argv.index("--port") + 1] == "8123"
+
+
+def test_its_environment_names_the_cpu_backend_threads_and_kv_space(monkeypatch) -> None:
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    env = vllm_serve_env(CONFIG)
+    first = min(os.sched_getaffinity(0))
+    assert env["VLLM_TARGET_DEVICE"] == "cpu" and env["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == f"{first}-{first}"
+    assert env["ONEDNN_MAX_CPU_ISA"] == "AVX2" and env["HF_HUB_OFFLINE"] == "1"
+
+
+def test_threads_bind_to_the_first_cores_and_too_many_is_an_error() -> None:
+    cores = sorted(os.sched_getaffinity(0))
+    assert omp_bind(None).split("-")[0].split(",")[0] == str(cores[0])
+    with pytest.raises(ValueError, match="threads must be between 1 and"):
+        omp_bind(len(cores) + 1)
+
+
+def test_the_peer_comes_from_the_flag_or_the_environment(monkeypatch) -> None:
+    monkeypatch.delenv("VLLM_PYTHON", raising=False)
+    assert build_parser().parse_args([]).vllm_python is None
+    monkeypatch.setenv("VLLM_PYTHON", "/v/bin/python")
+    assert build_parser().parse_args([]).vllm_python == "/v/bin/python"
+    assert build_parser().parse_args(["--vllm-python", "/w/python"]).vllm_python == "/w/python"

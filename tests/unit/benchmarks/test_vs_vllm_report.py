@@ -1,0 +1,49 @@
+"""The markdown of a pagedserve / vLLM comparison, built from a canned result: both servers'
+medians per level, the machine and the peer, every round's steal; and its place in the
+performance summary."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from benchmarks.report_writer import build_report
+from benchmarks.vs_vllm_report import report
+
+
+def _level(rate, tok_s, kept) -> dict:
+    return {"max_concurrency": None if rate else 16, "request_rate": rate, "output_tok_s": tok_s,
+            "ttft_p50_ms": 100.0, "ttft_p99_ms": 300.0, "tpot_p50_ms": 40.0, "tpot_p99_ms": 60.0,
+            "rounds_kept": kept, "rounds_thrown_out": []}  # fmt: skip
+
+
+def canned_result() -> dict:
+    return {
+        "machine": {"cpu": "AMD EPYC", "num_cpus": 2, "isa_flags": ["avx2"],
+                    "lscpu_isa_flags": ["avx2", "fma"], "isa_env": {},
+                    "torch_cpu_capability": "AVX2", "loadavg": [0.5, 0.6, 0.7]},
+        "workload": {"num_requests": 48, "total_output_tokens": 4000},
+        "dtype": "float32", "threads": 2, "max_steal": 0.1, "command": "python -m x",
+        "peer": {"vllm": "0.32.0", "torch": "2.9", "torch_cpu_capability": "AVX2",
+                 "dtype": "float32", "omp_bind": "0-1", "kv_cache_gib": 3},
+        "rounds": {"pagedserve": [{"steal_share": 0.01}, {"steal_share": 0.2}],
+                   "vLLM CPU": [{"steal_share": 0.0}, {"steal_share": None}]},
+        "medians": {"pagedserve": [_level(None, 300.0, [1, 2]), _level(1.0, 60.0, [1])],
+                    "vLLM CPU": [_level(None, 200.0, [1, 2]), _level(1.0, None, [])]},
+    }  # fmt: skip
+
+
+def test_the_report_shows_both_servers_the_peer_and_every_rounds_steal() -> None:
+    text = report(canned_result())
+    assert "| 16 in flight | 300.0 | 200.0 | 1.50x | 100 / 100 | 300 / 300 | 40 / 40 |" in text
+    assert "| 1 req/s | 60.0 | - | - |" in text and text.count("| 1 / 0 |") == 1
+    assert "vLLM 0.32.0 CPU build" in text and "bound to 0-1" in text
+    assert "pagedserve: 1.0%, 20.0%; vLLM CPU: 0.0%, -" in text
+    assert "lscpu flags of note: avx2, fma" in text and "Command: `python -m x`" in text
+
+
+def test_the_report_is_a_section_of_the_performance_summary(tmp_path: Path) -> None:
+    (tmp_path / "vs_vllm.json").write_text(json.dumps(canned_result()))
+    summary = build_report(tmp_path)
+    assert summary.startswith("## pagedserve vs vLLM's CPU build")
+    assert "| 16 in flight | 300.0 | 200.0 | 1.50x |" in summary
