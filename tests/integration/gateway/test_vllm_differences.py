@@ -12,9 +12,10 @@ import openai
 import pytest
 
 from pagedserve.services.gateway.chat_template import load_chat_template
+from pagedserve.services.gateway.tokenizer import load_tokenizer
 from tests.integration.gateway.conftest import API_KEY, MODEL_NAME, start_gateway
 from tests.integration.gateway.scripted_engine import DEFAULT_REPLY, SCRIPTED_EOS
-from tests.unit.gateway.helpers import load_test_tokenizer
+from tests.unit.gateway.helpers import TEST_MAX_MODEL_LEN
 
 pytestmark = pytest.mark.integration
 ASK = [{"role": "user", "content": "hi"}]
@@ -178,7 +179,8 @@ TWO_CALLS_IN_ONE_BLOCK = (
 
 
 def test_parallel_tool_calls_come_back_as_tool_calls(redis_url):
-    info = load_test_tokenizer()  # its own copy: the Hermes template replaces the model's
+    # a fresh tokenizer, not the session's cached one: the Hermes template replaces the model's
+    info = load_tokenizer("smollm2", TEST_MAX_MODEL_LEN)
     info.tokenizer.chat_template = load_chat_template(str(HERMES_TEMPLATE))
     served = start_gateway(redis_url, info, enable_auto_tool_choice=True, tool_call_parser="hermes")
     served.engine.reply = TWO_CALLS_IN_ONE_BLOCK

@@ -80,7 +80,7 @@ HOSTILE_JSON = {
     "negative n": {**OK, "n": -3},
     "negative top_p": {**OK, "top_p": -0.5},
     "negative logprobs": {**OK, "logprobs": -1},
-    "max_tokens beyond the model": {**OK, "max_tokens": MAX_MODEL_LEN},
+    "max_tokens beyond the model": {**OK, "max_tokens": MAX_MODEL_LEN + 1},  # == caps (vLLM)
     "wrong type prompt": {**OK, "prompt": 123},
     "wrong type temperature": {**OK, "temperature": "hot"},
     "wrong type stream": {**OK, "stream": "yes"},
