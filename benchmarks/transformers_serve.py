@@ -19,14 +19,12 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-import httpx
-
+from benchmarks.peer_server import PeerServer
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.loadgen.workload import BenchRequest
-from pagedserve.services.cli.ports import free_port
-from pagedserve.services.cli.supervisor import ChildSpec, Supervisor
+from pagedserve.services.cli.supervisor import ChildSpec
 
 # Greedy with no end-of-sequence token: outputs are exactly `max_tokens` long.
 EXACT_LENGTH_GENERATION_CONFIG = json.dumps({"do_sample": False, "eos_token_id": -1})
@@ -80,47 +78,15 @@ def transformers_serve_env(config: TransformersServeConfig) -> dict[str, str]:
     return env
 
 
-class TransformersServer:
-    """`with TransformersServer(config) as server:` -> `server.base_url`, `server.endpoint()`;
-    the server runs in its own process group and is stopped on exit."""
+class TransformersServer(PeerServer):
+    """`with TransformersServer(config) as server:` -> `server.base_url`, `server.endpoint()`."""
 
-    def __init__(self, config: TransformersServeConfig, log: TextIO | None = None) -> None:
-        self.config = config
-        self.port = free_port()
-        self.supervisor = Supervisor(out=log or sys.stderr)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    name = "transformers serve"
 
     def endpoint(self) -> TransformersServeEndpoint:
         # It serves the model under the name it was started with (other names: HTTP 400).
         return TransformersServeEndpoint(self.base_url, str(self.config.model_dir))
 
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def start(self) -> TransformersServer:
+    def child_spec(self) -> ChildSpec:
         argv = transformers_serve_argv(self.config, self.port)
-        env = transformers_serve_env(self.config)
-        try:
-            self.supervisor.start(ChildSpec("transformers-serve", argv, env=env))
-            self.supervisor.wait_until(
-                "transformers serve answering /health", self._healthy, self.config.startup_timeout_s
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        self.supervisor.stop(list(self.supervisor.children), timeout_s=10.0)
-
-    def __enter__(self) -> TransformersServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+        return ChildSpec("transformers-serve", argv, env=transformers_serve_env(self.config))

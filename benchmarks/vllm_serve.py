@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-import httpx
-
+from benchmarks.peer_server import PeerServer
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
-from pagedserve.services.cli.ports import free_port
-from pagedserve.services.cli.supervisor import ChildSpec, Supervisor
+from pagedserve.services.cli.supervisor import ChildSpec
 
 VLLM_PYTHON_ENV = "VLLM_PYTHON"  # the suite's way to name the peer's interpreter
 
@@ -99,47 +96,15 @@ def peer_info(config: VllmServeConfig) -> dict[str, Any]:
     return info
 
 
-class VllmServer:
-    """`with VllmServer(config) as server:` -> `server.endpoint()`; its own process group,
-    stopped on exit."""
+class VllmServer(PeerServer):
+    """`with VllmServer(config) as server:` -> `server.endpoint()`."""
 
-    def __init__(self, config: VllmServeConfig, log: TextIO | None = None) -> None:
-        self.config = config
-        self.port = free_port()
-        self.supervisor = Supervisor(out=log or sys.stderr)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    name = "vLLM"
+    stop_timeout_s = 20.0
 
     def endpoint(self) -> EndpointConfig:
         return EndpointConfig(self.base_url, str(self.config.model_dir))
 
-    def _healthy(self) -> bool:
-        try:
-            return httpx.get(self.base_url + "/health", timeout=2.0).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    def start(self) -> VllmServer:
-        spec = ChildSpec(
-            "vllm", vllm_serve_argv(self.config, self.port), env=vllm_serve_env(self.config)
-        )
-        try:
-            self.supervisor.start(spec)
-            self.supervisor.wait_until(
-                "vLLM answering /health", self._healthy, self.config.startup_timeout_s
-            )
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def stop(self) -> None:
-        self.supervisor.stop(list(self.supervisor.children), timeout_s=20.0)
-
-    def __enter__(self) -> VllmServer:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
+    def child_spec(self) -> ChildSpec:
+        argv = vllm_serve_argv(self.config, self.port)
+        return ChildSpec("vllm", argv, env=vllm_serve_env(self.config))
