@@ -58,6 +58,21 @@ class SentinelSet:
         wait_for("the sentinel seeing the replica", self.sentinel_sees_replica, 20)
         return self
 
+    def order_failover(self, timeout_s: float = 60) -> None:
+        """SENTINEL FAILOVER, repeated while the sentinel finds no promotable replica yet
+        (NOGOODSLAVE: it has not had the replica's own INFO, which it asks every 10 s)."""
+
+        def accepted() -> bool:
+            try:
+                self.client("sentinel").execute_command("SENTINEL", "FAILOVER", SERVICE_NAME)
+            except redis.ResponseError as error:
+                if "NOGOODSLAVE" not in str(error):
+                    raise
+                return False
+            return True
+
+        wait_for("the sentinel accepting the failover", accepted, timeout_s)
+
     @property
     def option(self) -> str:
         return sentinel_option([(LOOPBACK, self.ports["sentinel"])])
@@ -72,8 +87,14 @@ class SentinelSet:
             return False
 
     def sentinel_sees_replica(self) -> bool:
+        """The sentinel lists the replica, connected and with its link to the primary up."""
         replicas = self.client("sentinel").sentinel_slaves(SERVICE_NAME)
-        return any(r["port"] == self.ports["replica"] for r in replicas)
+        return any(
+            r["port"] == self.ports["replica"]
+            and not r.get("is_disconnected")
+            and r.get("master-link-status") == "ok"
+            for r in replicas
+        )
 
     def swapped(self) -> bool:
         """The sentinel names the replica as primary, and the old primary follows it."""
@@ -141,7 +162,7 @@ def test_clients_follow_an_ordered_failover(sentinels: SentinelSet) -> None:
             target, max_connections=4, pool_timeout_s=5, socket_timeout=2
         )
         await client.set("before", 1)
-        sentinels.client("sentinel").execute_command("SENTINEL", "FAILOVER", SERVICE_NAME)
+        await asyncio.to_thread(sentinels.order_failover)
         await asyncio.to_thread(wait_for, "the old primary demoted", sentinels.swapped, 30)
         await _write_until_accepted(client, "after")
         assert int((await client.config_get("port"))["port"]) == sentinels.ports["replica"]
