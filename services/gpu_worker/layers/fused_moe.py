@@ -1,6 +1,6 @@
 """A mixture-of-experts MLP (Mixtral, Qwen2-MoE, Qwen3-MoE):
 
-    weights, ids = top_k(softmax(x Wr^T))              (renormalised to sum 1, or not)
+    weights, ids = select_experts(x Wr^T)              (layers/moe_routing.py)
     out[t] = sum_j weights[t, j] * expert_{ids[t, j]}(x[t])  (+ sigmoid(x wg) * shared(x))
 
 Each expert is a gated MLP; their weights are stacked, `w13` [E, 2I, H] (gate then up) and
@@ -22,6 +22,7 @@ from torch import nn
 from pagedserve.services.gpu_worker.layers.activation import activation_and_mul
 from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
 from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
+from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
 from pagedserve.services.gpu_worker.parallel_state import (
     all_reduce,
     divide,
@@ -44,20 +45,6 @@ EXPERT_PARTS = {
     "down_proj": ("w2_weight", "down"),
 }
 PARTS_OF = {"w13_weight": ("gate", "up"), "w2_weight": ("down",)}
-
-
-def softmax_top_k(
-    router_logits: torch.Tensor,  # [T, E]
-    top_k: int,
-    renormalize: bool,
-) -> tuple[torch.Tensor, torch.Tensor]:  # weights [T, k] in the logits' dtype, ids [T, k]
-    """The `top_k` most probable experts of each token and their softmax probabilities
-    (in float32), scaled to sum to 1 where `renormalize` (Mixtral; Qwen's `norm_topk_prob`)."""
-    probs = torch.softmax(router_logits, dim=-1, dtype=torch.float32)
-    weights, ids = probs.topk(top_k, dim=-1)
-    if renormalize:
-        weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights.to(router_logits.dtype), ids
 
 
 def grouped_experts(
@@ -158,16 +145,13 @@ class FusedMoE(nn.Module):
         hidden_size: int,
         intermediate_size: int,  # of each routed expert
         num_experts: int,
-        top_k: int,
-        renormalize: bool,
+        routing: Routing,
         hidden_act: str = "silu",
         shared_expert: nn.Module | None = None,  # [T, H] -> [T, H], reduced over ranks
     ) -> None:
         super().__init__()
-        if not 0 < top_k <= num_experts:
-            raise ValueError(f"num_experts_per_tok must be in 1..{num_experts}, got {top_k}")
-        self.top_k = top_k
-        self.renormalize = renormalize
+        routing.check(num_experts)
+        self.routing = routing
         self.gate = ReplicatedLinear(hidden_size, num_experts)
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
         self.act_and_mul = activation_and_mul(hidden_act)
@@ -176,7 +160,7 @@ class FusedMoE(nn.Module):
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        weights, ids = softmax_top_k(self.gate(x), self.top_k, self.renormalize)
+        weights, ids = select_experts(self.gate(x), self.routing)
         out = self.compute_experts(x, self.experts, weights, ids, self.act_and_mul)
         out = all_reduce(out)  # the one all-reduce of the routed experts
         if self.shared_expert is not None:

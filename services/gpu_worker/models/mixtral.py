@@ -12,6 +12,7 @@ from torch import nn
 from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
 from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLayer
 from pagedserve.services.gpu_worker.layers.fused_moe import FusedMoE
+from pagedserve.services.gpu_worker.layers.moe_routing import Routing
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.layers.rotary import rotary_from_config
 from pagedserve.services.gpu_worker.models.decoder_base import config_value
@@ -47,7 +48,6 @@ def mixtral_moe(config: Any) -> FusedMoE:
         config.hidden_size,
         config.intermediate_size,
         config.num_local_experts,
-        config.num_experts_per_tok,
-        renormalize=True,
+        Routing(config.num_experts_per_tok, renormalize=True),
         hidden_act=config_value(config, "hidden_act", "silu"),
     )

@@ -19,6 +19,7 @@ from pagedserve.services.gpu_worker.layers.fused_moe import (
     StackedExperts,
 )
 from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
+from pagedserve.services.gpu_worker.layers.moe_routing import Routing
 from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
 
 
@@ -39,8 +40,10 @@ def qwen_moe_mlp(config: Any, index: int, shared_expert: nn.Module | None = None
         config.hidden_size,
         config.moe_intermediate_size,
         config.num_experts,
-        config.num_experts_per_tok,
-        renormalize=bool(config_value(config, "norm_topk_prob", False)),
+        Routing(
+            config.num_experts_per_tok,
+            renormalize=bool(config_value(config, "norm_topk_prob", False)),
+        ),
         hidden_act=act,
         shared_expert=shared_expert,
     )

@@ -9,9 +9,9 @@ from pagedserve.kernels.reference import moe_reference
 from pagedserve.services.gpu_worker.layers.fused_moe import (
     FusedMoE,
     grouped_experts,
-    softmax_top_k,
 )
 from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
+from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
 from pagedserve.services.gpu_worker.platforms.cpu_prepack import can_prepack, prepack_linears
 
 HIDDEN, INTERMEDIATE = 32, 48
@@ -20,7 +20,9 @@ HIDDEN, INTERMEDIATE = 32, 48
 def loaded_moe(num_experts: int, top_k: int, renormalize: bool, **kwargs) -> FusedMoE:
     """A FusedMoE filled as a checkpoint fills it: one tensor per expert projection."""
     torch.manual_seed(0)
-    moe = FusedMoE(HIDDEN, INTERMEDIATE, num_experts, top_k, renormalize, **kwargs)
+    moe = FusedMoE(
+        HIDDEN, INTERMEDIATE, num_experts, Routing(top_k, renormalize=renormalize), **kwargs
+    )
     moe.gate.weight.data.normal_(0, 0.5)
     for expert in range(num_experts):
         moe.experts.load_expert(expert, "gate", torch.randn(INTERMEDIATE, HIDDEN) * 0.2)
@@ -44,8 +46,8 @@ def test_grouped_experts_equal_the_per_token_reference(renormalize, num_experts,
 def test_renormalisation_changes_the_result():
     """Both variants are exercised: without it the top-k weights sum to less than 1."""
     logits = torch.randn(5, 4)
-    plain, ids = softmax_top_k(logits, 2, renormalize=False)
-    scaled, same_ids = softmax_top_k(logits, 2, renormalize=True)
+    plain, ids = select_experts(logits, Routing(2))
+    scaled, same_ids = select_experts(logits, Routing(2, renormalize=True))
     assert torch.equal(ids, same_ids)
     assert (plain.sum(-1) < 1).all()
     torch.testing.assert_close(scaled.sum(-1), torch.ones(5))
@@ -53,7 +55,7 @@ def test_renormalisation_changes_the_result():
 
 def test_tokens_choosing_one_expert_all_land_in_its_group():
     x = torch.randn(6, HIDDEN)
-    moe = FusedMoE(HIDDEN, INTERMEDIATE, 3, 2, True)
+    moe = FusedMoE(HIDDEN, INTERMEDIATE, 3, Routing(2, renormalize=True))
     w13 = moe.experts.w13_weight.data.normal_()
     w2 = moe.experts.w2_weight.data.normal_()
     ids = torch.tensor([[2, 0]] * 6)
@@ -82,13 +84,13 @@ def test_qwen2_moe_gated_shared_expert_is_added():
 
 
 def test_bad_expert_tensors_and_routing_are_refused_naming_the_problem():
-    moe = FusedMoE(HIDDEN, INTERMEDIATE, 4, 2, True)
+    moe = FusedMoE(HIDDEN, INTERMEDIATE, 4, Routing(2, renormalize=True))
     with pytest.raises(ValueError, match="expert 4 is out of range"):
         moe.experts.load_expert(4, "gate", torch.zeros(INTERMEDIATE, HIDDEN))
     with pytest.raises(ValueError, match="expert 1 up: checkpoint tensor has shape"):
         moe.experts.load_expert(1, "up", torch.zeros(INTERMEDIATE - 1, HIDDEN))
     with pytest.raises(ValueError, match=r"num_experts_per_tok must be in 1\.\.4"):
-        FusedMoE(HIDDEN, INTERMEDIATE, 4, 5, True)
+        FusedMoE(HIDDEN, INTERMEDIATE, 4, Routing(5))
 
 
 def test_experts_packed_by_the_cpu_platform_give_the_same_output():
