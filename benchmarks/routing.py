@@ -34,6 +34,7 @@ from typing import Any
 import httpx
 import redis
 
+from benchmarks.machine_info import cpu_ticks, machine_info, steal_share
 from pagedserve.services.cli.ports import free_port
 from pagedserve.services.cli.redis_launcher import RedisServer
 from pagedserve.services.cli.supervisor import ChildSpec, Supervisor
@@ -299,12 +300,19 @@ def summarize(runs: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
     }
 
 
-def ratios(policies: dict[str, Any]) -> dict[str, float | None]:
-    """Cache routing over the shared stream (hits: None where the shared stream had none)."""
+def ratios(policies: dict[str, Any]) -> dict[str, Any]:
+    """Cache routing over the shared stream (hits: None where the shared stream had none):
+    of the medians, and round by round (each round runs both on the same shape, back to
+    back, so its ratio is the figure least moved by the machine's load)."""
     shared = policies["shared"]
     cache = policies["cache"]
     hits = shared["prefix_hit_tokens"]
+    by_round = [
+        round(c["output_tok_per_s"] / s["output_tok_per_s"], 3)
+        for c, s in zip(cache["rounds"], shared["rounds"], strict=True)
+    ]
     return {
+        "cache_vs_shared_output_tok_per_s_by_round": by_round,
         "cache_vs_shared_prefix_hit_tokens": (
             round(cache["prefix_hit_tokens"] / hits, 3) if hits else None
         ),
@@ -317,6 +325,7 @@ def ratios(policies: dict[str, Any]) -> dict[str, float | None]:
 def run(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
     rng = random.Random(config.seed)
     runs: dict[str, dict[str, list]] = {w: {p: [] for p in POLICIES} for w in WORKLOADS}
+    ticks = cpu_ticks()
     with RoutingCluster(config, model_dir) as cluster:
         warm = [random_ids(rng, 64) for _ in range(4)]
         for policy in POLICIES:  # each gateway's first requests, and the engines' first steps
@@ -347,6 +356,7 @@ def run(config: BenchConfig, model_dir: Path) -> dict[str, Any]:
             "worker_threads": 1,
             "cpu_count": os.cpu_count(),
         },
+        "machine": {**machine_info(), "steal_share": steal_share(ticks, cpu_ticks())},
     }
 
 
