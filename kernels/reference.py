@@ -150,6 +150,23 @@ def paged_prefill_attention(
     return out
 
 
+def experts_reference(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H] gate rows then up rows
+    w2: torch.Tensor,  # [E, H, I]
+    weights: torch.Tensor,  # [T, k]
+    ids: torch.Tensor,  # [T, k]
+) -> torch.Tensor:  # [T, H]
+    """A mixture of SwiGLU experts token by token, given each token's experts and their
+    weights: out[t] = sum_j weights[t, j] * down(silu(gate(x[t])) * up(x[t])) of ids[t, j]."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, expert in zip(weights[t].tolist(), ids[t].tolist(), strict=True):
+            gate, up = (w13[expert] @ x[t]).chunk(2)
+            out[t] += weight * (w2[expert] @ (torch.nn.functional.silu(gate) * up))
+    return out
+
+
 def moe_reference(
     x: torch.Tensor,  # [T, H]
     router_weight: torch.Tensor,  # [E, H]
@@ -161,12 +178,8 @@ def moe_reference(
     """A mixture of SwiGLU experts token by token: the oracle of the grouped expert path.
     Each token's softmax over the router logits, its `top_k` experts (their probabilities
     scaled to sum 1 where `renormalize`), and the weighted sum of those experts' outputs."""
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        probs = torch.softmax((router_weight @ x[t]).float(), dim=-1)
-        chosen = probs.topk(top_k).indices
-        weights = probs[chosen] / probs[chosen].sum() if renormalize else probs[chosen]
-        for weight, expert in zip(weights.tolist(), chosen.tolist(), strict=True):
-            gate, up = (w13[expert] @ x[t]).chunk(2)
-            out[t] += weight * (w2[expert] @ (torch.nn.functional.silu(gate) * up))
-    return out
+    probs = torch.softmax((x @ router_weight.T).float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return experts_reference(x, w13, w2, weights, ids)

@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.services.gpu_worker.layers.activation import activation_and_mul
+from pagedserve.services.gpu_worker.layers.activation import SiluAndMul, activation_and_mul
 from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
 from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
 from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
@@ -78,12 +78,50 @@ def grouped_experts(
 
 
 class ExpertsOp(CustomOp):
-    """The grouped expert products; every form is the torch one for now (a Triton fused-MoE
-    kernel would be `forward_cuda`). Each product goes through the expert's linear method,
-    which the CPU platform swaps for its packed one at load."""
+    """The experts' products of a step: `forward_native` is the torch grouping above, each
+    product through the expert's linear method (the CPU platform swaps in packed ones at
+    load); `forward_cuda` is the Triton fused-MoE kernel (`kernels/fused_moe.py`) wherever
+    it computes these experts (`kernel_computes`), the native grouping elsewhere."""
 
-    def forward_native(self, *args: torch.Tensor | nn.Module) -> torch.Tensor:
-        return grouped_experts(*args)  # x, experts, weights, ids, act_and_mul
+    def forward_native(
+        self,
+        x: torch.Tensor,
+        experts: StackedExperts,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        act_and_mul: nn.Module,
+    ) -> torch.Tensor:
+        return grouped_experts(x, experts, weights, ids, act_and_mul)
+
+    def forward_cuda(
+        self,
+        x: torch.Tensor,
+        experts: StackedExperts,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        act_and_mul: nn.Module,
+    ) -> torch.Tensor:
+        if not kernel_computes(experts, act_and_mul):
+            return self.forward_native(x, experts, weights, ids, act_and_mul)
+        from pagedserve.kernels.fused_moe import fused_experts
+
+        return fused_experts(x, experts.w13_weight, experts.w2_weight, weights, ids)
+
+
+# the only parameters of experts the fused kernel multiplies: no biases, no other tensors
+KERNEL_PARAMETERS = {"w13_weight", "w2_weight"}
+
+
+def kernel_computes(experts: StackedExperts, act_and_mul: nn.Module) -> bool:
+    """Whether the fused kernel computes these experts: SiLU-and-multiply (exactly: not a
+    variant of it), only the stacked weights as parameters (expert biases, scales of a
+    quantized format are not in the kernel) and no platform linear methods."""
+    names = {name for name, _ in experts.named_parameters()}
+    return (
+        type(act_and_mul) is SiluAndMul
+        and names == KERNEL_PARAMETERS
+        and not experts.linear_methods
+    )
 
 
 class ReplicatedLinear(nn.Module):
