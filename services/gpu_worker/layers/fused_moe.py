@@ -125,34 +125,65 @@ def kernel_computes(experts: StackedExperts, act_and_mul: nn.Module) -> bool:
 
 
 class ReplicatedLinear(nn.Module):
-    """y = x W^T with the whole W on every rank (the router, the shared expert's gate)."""
+    """y = x W^T (+ b) with the whole W on every rank (the router, the shared expert's gate)."""
 
-    def __init__(self, input_size: int, output_size: int) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class StackedExperts(nn.Module):
     """Every expert's gate/up (`w13_weight`) and down (`w2_weight`) projections, this rank's
-    slice of their intermediate features, filled one checkpoint tensor at a time."""
+    slice of their intermediate features, filled one checkpoint tensor at a time. With `bias`
+    (GPT-OSS), each expert's products add its biases: `w13_bias` [E, 2I] (this rank's slice)
+    and `w2_bias` [E, H], added on rank 0 only so that the all-reduce sums it once."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False
+    ) -> None:
         super().__init__()
         self.tp_rank = get_tp_rank()
         self.num_experts = num_experts
         self.size = divide(intermediate_size, get_tp_world_size(), "moe intermediate features")
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.size, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.size))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * self.size)) if bias else None
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
         # (parameter name, expert) -> its linear method where a platform gave it one
         self.linear_methods: dict[tuple[str, int], BaseLinearMethod] = {}
 
     def product(self, name: str, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """rows W^T with expert `expert`'s `w13_weight` or `w2_weight`."""
         method = self.linear_methods.get((name, expert), PLAIN_LINEAR)
-        return method.apply(rows, getattr(self, name)[expert])
+        return method.apply(rows, getattr(self, name)[expert], self._bias(name, expert))
+
+    def _bias(self, name: str, expert: int) -> torch.Tensor | None:
+        if self.w13_bias is None or (name == "w2_weight" and self.tp_rank != 0):
+            return None
+        return (self.w13_bias if name == "w13_weight" else self.w2_bias)[expert]
+
+    def load_expert_bias(self, expert: int, part: str, loaded: torch.Tensor) -> None:
+        """This rank's slice of one expert's gate, up or down bias (see `load_expert`)."""
+        if self.w13_bias is None or self.w2_bias is None:
+            raise ValueError(f"expert {expert} {part} bias: these experts have no biases")
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} is out of range (the config has {self.num_experts})")
+        full = self.w2_bias.shape[1] if part == "down" else self.size * get_tp_world_size()
+        if tuple(loaded.shape) != (full,):
+            raise ValueError(
+                f"expert {expert} {part} bias: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, the model expects ({full},)"
+            )
+        if part == "down":
+            self.w2_bias.data[expert].copy_(loaded)
+            return
+        offset = 0 if part == "gate" else self.size
+        shard = loaded.narrow(0, self.tp_rank * self.size, self.size)
+        self.w13_bias.data[expert].narrow(0, offset, self.size).copy_(shard)
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
         """Copy this rank's slice of one expert's checkpoint projection into its place."""
@@ -176,7 +207,9 @@ class StackedExperts(nn.Module):
 
 class FusedMoE(nn.Module):
     """The MoE MLP of a decoder layer, named as the checkpoints name it: `gate` (the router),
-    `experts`, and Qwen2-MoE's `shared_expert` with its `shared_expert_gate`."""
+    `experts`, and Qwen2-MoE's `shared_expert` with its `shared_expert_gate`. GPT-OSS adds
+    a router bias (`router_bias`), expert biases (`expert_bias`) and its own activation
+    (`act_and_mul`, which replaces `hidden_act`'s)."""
 
     def __init__(
         self,
@@ -186,13 +219,17 @@ class FusedMoE(nn.Module):
         routing: Routing,
         hidden_act: str = "silu",
         shared_expert: nn.Module | None = None,  # [T, H] -> [T, H], reduced over ranks
+        *,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        act_and_mul: nn.Module | None = None,  # [n, 2I] -> [n, I]; None: hidden_act's
     ) -> None:
         super().__init__()
         routing.check(num_experts)
         self.routing = routing
-        self.gate = ReplicatedLinear(hidden_size, num_experts)
-        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
-        self.act_and_mul = activation_and_mul(hidden_act)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=router_bias)
+        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size, expert_bias)
+        self.act_and_mul = act_and_mul or activation_and_mul(hidden_act)
         self.compute_experts = ExpertsOp()
         self.shared_expert = shared_expert
         self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
+from pagedserve.services.gpu_worker.models.gpt_oss import GptOssForCausalLM
 from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
@@ -29,6 +30,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 
@@ -47,6 +49,7 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
