@@ -1,0 +1,115 @@
+"""Multi-head latent attention over the paged latent cache (absorbed form, torch backend)
+against plain attention with every head's keys and values expanded from the latent, written
+out here from the formulas; and what the latent cache holds."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout
+from pagedserve.services.gpu_worker.layers.mla_attention import MLAAttention, MLAShape
+from pagedserve.services.gpu_worker.layers.rotary import RotaryEmbedding
+
+BLOCK_SIZE = 4
+
+
+def make_layer(q_lora_rank: int | None, interleaved: bool) -> MLAAttention:
+    shape = MLAShape(hidden_size=32, num_heads=4, q_lora_rank=q_lora_rank, kv_lora_rank=16,
+                     qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=6)  # fmt: skip
+    layer = MLAAttention(shape, TorchAttentionBackend, scale=0.3, rope_interleaved=interleaved)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for param in layer.parameters():
+            param.copy_(torch.randn_like(param) * 0.3 + (1.0 if param.dim() == 1 else 0.0))
+    return layer
+
+
+def rotate_pairs(x: torch.Tensor, positions: torch.Tensor, interleaved: bool) -> torch.Tensor:
+    """x [T, n, D] rotated as Hugging Face's DeepSeek does: pairs (x0, x1), (x2, x3), ...
+    as complex numbers (interleaved), else the halves (rotate-half)."""
+    dim = x.shape[-1]
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2).float() / dim))
+    angles = torch.polar(torch.ones(len(positions), dim // 2), positions[:, None] * inv_freq)
+    pairs = x.reshape(*x.shape[:-1], dim // 2, 2) if interleaved else (
+        torch.stack(x.chunk(2, dim=-1), dim=-1)
+    )  # fmt: skip
+    rotated = torch.view_as_real(torch.view_as_complex(pairs.contiguous()) * angles[:, None])
+    return rotated.flatten(-2) if interleaved else torch.cat(rotated.unbind(-1), dim=-1)
+
+
+def expanded_reference(layer: MLAAttention, hidden: torch.Tensor, interleaved: bool):
+    """Causal attention of one whole sequence with per-head keys and values."""
+    s, n = layer.shape, hidden.shape[0]
+    positions = torch.arange(n)
+    q = layer.queries(hidden)  # [T, h, nope + rope]
+    q_nope, q_rope = q.split([s.qk_nope_head_dim, s.qk_rope_head_dim], -1)
+    latent, k_rope = layer.kv_a_proj_with_mqa(hidden).split(
+        [s.kv_lora_rank, s.qk_rope_head_dim], -1
+    )
+    latent = layer.kv_a_layernorm(latent.contiguous())[0]
+    kv = (latent @ layer.kv_b_proj.weight.T).view(n, s.num_heads, -1)
+    k_nope, v = kv.split([s.qk_nope_head_dim, s.v_head_dim], -1)
+    q_rope = rotate_pairs(q_rope, positions, interleaved)
+    k_rope = rotate_pairs(k_rope.view(n, 1, -1), positions, interleaved).expand(-1, s.num_heads, -1)
+    scores = torch.einsum("qhd,khd->hqk", torch.cat([q_nope, q_rope], -1),
+                          torch.cat([k_nope, k_rope], -1)) * 0.3  # fmt: skip
+    scores = scores.masked_fill(~torch.ones(n, n, dtype=torch.bool).tril(), -math.inf)
+    out = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(n, -1)
+    return layer.o_proj(out)
+
+
+@pytest.mark.parametrize(("q_lora_rank", "interleaved"), [(None, True), (12, False)])
+def test_latent_attention_equals_expanded_attention(q_lora_rank, interleaved) -> None:
+    """Two sequences, each served in pieces over its cached prefix: a 7-token prefill, then a
+    5-token chunk beside the other's decodes, then decodes; every row as the reference."""
+    layer = make_layer(q_lora_rank, interleaved)
+    rotary = RotaryEmbedding(8, 64, 10000.0)
+    layout = KVCacheLayout.from_specs([layer.shape.kv_cache_spec()], BLOCK_SIZE, 4, 8,
+                                      torch.float32)  # fmt: skip
+    cache = layout.allocate(16, torch.device("cpu"))[0]
+    assert cache[0] is cache[1] and cache[0].shape == (16, BLOCK_SIZE, 1, 16 + 8)
+    torch.manual_seed(1)
+    hidden = {"a": torch.randn(14, 32), "b": torch.randn(9, 32)}
+    tables = {"a": [3, 5, 7, 9], "b": [2, 4, 6]}
+    # (sequence, tokens done before, tokens this step) per step
+    steps = [[("a", 0, 7), ("b", 0, 6)], [("a", 7, 5), ("b", 6, 1)], [("a", 12, 1), ("b", 7, 1)],
+             [("a", 13, 1), ("b", 8, 1)]]  # fmt: skip
+    got = {"a": [], "b": []}
+    with torch.no_grad():
+        for step in steps:
+            rows = torch.cat([hidden[name][done : done + new] for name, done, new in step])
+            positions = torch.cat([torch.arange(done, done + new) for _, done, new in step])
+            metadata = build_attention_metadata(
+                [done + new for _, done, new in step], [new for _, _, new in step],
+                [tables[name] for name, _, _ in step], BLOCK_SIZE, torch.device("cpu"),
+            )  # fmt: skip
+            out = layer(rotary.angles(positions), rows, cache, metadata)
+            for (name, *_), piece in zip(step, out.split([n for *_, n in step]), strict=True):
+                got[name].append(piece)
+        for name in ("a", "b"):
+            expected = expanded_reference(layer, hidden[name], interleaved)
+            torch.testing.assert_close(torch.cat(got[name]), expected, rtol=1e-4, atol=1e-4)
+
+
+def test_latent_cache_rows_hold_the_normed_latent_and_rotated_key() -> None:
+    layer = make_layer(None, interleaved=True)
+    rotary = RotaryEmbedding(8, 64, 10000.0)
+    layout = KVCacheLayout.from_specs([layer.shape.kv_cache_spec()], BLOCK_SIZE, 4, 8,
+                                      torch.float32)  # fmt: skip
+    cache = layout.allocate(4, torch.device("cpu"))[0]
+    hidden = torch.randn(3, 32)
+    metadata = build_attention_metadata([3], [3], [[2]], BLOCK_SIZE, torch.device("cpu"))
+    with torch.no_grad():
+        layer(rotary.angles(torch.arange(3)), hidden, cache, metadata)
+        latent, k_rope = layer.kv_a_proj_with_mqa(hidden).split([16, 8], -1)
+        latent = layer.kv_a_layernorm(latent.contiguous())[0]
+    stored = cache[0][2, :3, 0]  # block 2, the three tokens, the one row each
+    torch.testing.assert_close(stored[:, :16], latent)
+    rotated = rotate_pairs(k_rope.view(3, 1, 8), torch.arange(3), interleaved=True)[:, 0]
+    # stored de-interleaved: the evens' rotations, then the odds'
+    torch.testing.assert_close(stored[:, 16:], torch.cat([rotated[:, 0::2], rotated[:, 1::2]], -1))
