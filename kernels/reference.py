@@ -58,6 +58,18 @@ def capped(scores: torch.Tensor, softcap: float | None) -> torch.Tensor:
     return scores if softcap is None else torch.tanh(scores / softcap) * softcap
 
 
+def softmax_with_sinks(
+    scores: torch.Tensor,  # [..., L] float32, masked keys at -inf
+    sinks: torch.Tensor | None,  # broadcastable to [..., 1]: a logit per query head, or None
+) -> torch.Tensor:  # [..., L] the probabilities over the keys
+    """Softmax over the keys; with attention sinks (GPT-OSS), each head's learned logit joins
+    the denominator as a key with no value: p_l = exp(s_l) / (sum_j exp(s_j) + exp(sink))."""
+    if sinks is None:
+        return torch.softmax(scores, dim=-1)
+    sink = sinks.float().expand(scores[..., :1].shape)
+    return torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [B, Hq, D], one new token per sequence
     k_cache: torch.Tensor,  # [N, BS, Hkv, D]
@@ -67,10 +79,12 @@ def paged_decode_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head (GPT-OSS)
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each sequence's newest token over its whole cached context (its last
     `sliding_window` tokens, itself included, when given); scores `softcap * tanh(s /
-    softcap)` when `softcap` is given."""
+    softcap)` when `softcap` is given; each head's sink logit in the softmax's denominator
+    when `sinks` are given (`softmax_with_sinks`)."""
     batch, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
@@ -84,7 +98,8 @@ def paged_decode_attention(
     if sliding_window is not None:
         valid &= positions[None, :] > seq_lens[:, None].long() - 1 - sliding_window
     scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores, dim=-1)
+    head_sinks = None if sinks is None else sinks.view(num_kv_heads, group, 1)
+    probs = softmax_with_sinks(scores, head_sinks)
     out = torch.einsum("bkgl,blkd->bkgd", probs, values)  # [B, Hkv, G, D]
     return out.reshape(batch, num_heads, head_dim).to(query.dtype)
 
@@ -99,15 +114,18 @@ def paged_prefill_attention(
     scale: float,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head (GPT-OSS)
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole. With
     `sliding_window`, the query at position p sees keys p - sliding_window < k <= p; with
-    `softcap`, scores are `softcap * tanh(s / softcap)` (Gemma 2)."""
+    `softcap`, scores are `softcap * tanh(s / softcap)` (Gemma 2); with `sinks`, each head's
+    logit joins the softmax's denominator (`softmax_with_sinks`)."""
     _, num_heads, head_dim = query.shape
     num_kv_heads = k_cache.shape[2]
     group = num_heads // num_kv_heads
     out = torch.empty_like(query)
+    head_sinks = None if sinks is None else sinks.view(num_kv_heads, group, 1, 1)
     starts = query_start_loc.tolist()
     lens = seq_lens.tolist()
     for i, seq_len in enumerate(lens):
@@ -126,9 +144,26 @@ def paged_prefill_attention(
         if sliding_window is not None:
             causal &= key_pos[None, :] > query_pos[:, None] - sliding_window
         scores = scores.masked_fill(~causal, float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
+        probs = softmax_with_sinks(scores, head_sinks)
         seq_out = torch.einsum("kgql,lkd->qkgd", probs, values)  # [Q, Hkv, G, D]
         out[start:end] = seq_out.reshape(num_new, num_heads, head_dim).to(query.dtype)
+    return out
+
+
+def experts_reference(
+    x: torch.Tensor,  # [T, H]
+    w13: torch.Tensor,  # [E, 2I, H] gate rows then up rows
+    w2: torch.Tensor,  # [E, H, I]
+    weights: torch.Tensor,  # [T, k]
+    ids: torch.Tensor,  # [T, k]
+) -> torch.Tensor:  # [T, H]
+    """A mixture of SwiGLU experts token by token, given each token's experts and their
+    weights: out[t] = sum_j weights[t, j] * down(silu(gate(x[t])) * up(x[t])) of ids[t, j]."""
+    out = torch.zeros_like(x)
+    for t in range(x.shape[0]):
+        for weight, expert in zip(weights[t].tolist(), ids[t].tolist(), strict=True):
+            gate, up = (w13[expert] @ x[t]).chunk(2)
+            out[t] += weight * (w2[expert] @ (torch.nn.functional.silu(gate) * up))
     return out
 
 
@@ -143,12 +178,8 @@ def moe_reference(
     """A mixture of SwiGLU experts token by token: the oracle of the grouped expert path.
     Each token's softmax over the router logits, its `top_k` experts (their probabilities
     scaled to sum 1 where `renormalize`), and the weighted sum of those experts' outputs."""
-    out = torch.zeros_like(x)
-    for t in range(x.shape[0]):
-        probs = torch.softmax((router_weight @ x[t]).float(), dim=-1)
-        chosen = probs.topk(top_k).indices
-        weights = probs[chosen] / probs[chosen].sum() if renormalize else probs[chosen]
-        for weight, expert in zip(weights.tolist(), chosen.tolist(), strict=True):
-            gate, up = (w13[expert] @ x[t]).chunk(2)
-            out[t] += weight * (w2[expert] @ (torch.nn.functional.silu(gate) * up))
-    return out
+    probs = torch.softmax((x @ router_weight.T).float(), dim=-1)
+    weights, ids = probs.topk(top_k, dim=-1)
+    if renormalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
+    return experts_reference(x, w13, w2, weights, ids)

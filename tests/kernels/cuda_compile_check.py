@@ -19,6 +19,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.compiler import compile as triton_compile
 
+from pagedserve.kernels.fused_moe import expert_gemm_kernel
 from pagedserve.kernels.kv_cache_write import kv_cache_write_kernel
 from pagedserve.kernels.paged_decode import paged_decode_kernel, paged_decode_reduce_kernel
 from pagedserve.kernels.paged_prefill import paged_prefill_kernel
@@ -98,7 +99,23 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     out.append(
         ("kv write", signature(kv_cache_write_kernel, {**ptrs, "slot_mapping_ptr": "*i64"}, write))
     )
+    out += moe_sources(dtype)
     return dict(out)
+
+
+def moe_sources(dtype: str) -> list[tuple[str, ASTSource]]:
+    """The fused-MoE GEMM's two forms (gate/up with SiLU, down with the routing weights) at
+    a prefill's widest blocks (kernels/fused_moe.launch's tiles for the dtype)."""
+    ptrs = {n: f"*{dtype}" for n in ("a_ptr", "w_ptr", "out_ptr", "weights_ptr")}
+    ptrs.update(sorted_pairs_ptr="*i32", block_experts_ptr="*i32")
+    tiles = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32} if dtype == "fp32" else {
+        "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}  # fmt: skip
+    out = []
+    for name, gated, rows_per_a in (("moe gate/up", True, 2), ("moe down", False, 1)):
+        constexprs = {"ROWS_PER_A": rows_per_a, "GATED": gated, "SCALE_BY_WEIGHT": not gated,
+                      "UPCAST": dtype == "fp32", **tiles}  # fmt: skip
+        out.append((name, signature(expert_gemm_kernel, ptrs, constexprs)))
+    return out
 
 
 def resource_usage(cubin: bytes) -> dict[str, int]:

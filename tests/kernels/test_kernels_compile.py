@@ -27,8 +27,8 @@ def test_all_kernels_compile_for_sm90_with_pipelined_tensor_core_attention() -> 
     )
     assert result.returncode == 0, result.stderr[-4000:]
     facts = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    # 3 dtypes x (decode, decode split, prefill, prefill padded grid, reduce, write)
-    assert len(facts) == 3 * 8
+    # 3 dtypes x (decode, decode split, prefill, prefill padded grid, reduce, write, 2 MoE)
+    assert len(facts) == 3 * 10
     attention = [f for f in facts if f["kernel"].startswith(("decode split", "prefill"))]
     assert len(attention) == 3 * 6  # plain and windowed + soft-capped
     for fact in attention:
@@ -37,4 +37,9 @@ def test_all_kernels_compile_for_sm90_with_pipelined_tensor_core_attention() -> 
         # ... and fp16/bf16 run on the tensor cores; fp32 uses IEEE FMA dots by design.
         assert (fact["mma"] > 0) == (fact["dtype"] != "fp32"), fact
         # No register spills to local memory, fp32 included (its smaller tiles fit).
+        assert fact["stack_bytes"] == 0, fact
+    moe = [f for f in facts if f["kernel"].startswith("moe")]
+    assert len(moe) == 3 * 2
+    for fact in moe:  # the expert GEMMs: tensor cores for fp16/bf16, no spills
+        assert (fact["mma"] > 0) == (fact["dtype"] != "fp32"), fact
         assert fact["stack_bytes"] == 0, fact

@@ -106,7 +106,10 @@ class BaseAttentionBackend(ABC):
     A layer with `sliding_window` W attends, from position p, only to keys p - W < k <= p
     (W keys, itself included, as Hugging Face's mask); blocks wholly before every query's
     window may have been given back by the scheduler and must not be read. With
-    `logit_softcap` c, scores become `c * tanh(score / c)` before the mask (Gemma 2).
+    `logit_softcap` c, scores become `c * tanh(score / c)` before the mask (Gemma 2). With
+    `sinks` [num_heads] (GPT-OSS), each head's learned logit joins the softmax's denominator
+    as a key with no value (`kernels.reference.softmax_with_sinks`); the layer owns the
+    parameter, the backend reads it at every call (so it sees the loaded values).
     """
 
     name: str = "base"
@@ -119,6 +122,7 @@ class BaseAttentionBackend(ABC):
         scale: float,
         sliding_window: int | None = None,
         logit_softcap: float | None = None,
+        sinks: torch.Tensor | None = None,  # [num_heads] of this rank
     ) -> None:
         if num_heads % num_kv_heads:
             raise ValueError(
@@ -130,6 +134,9 @@ class BaseAttentionBackend(ABC):
         self.scale = scale
         self.sliding_window = sliding_window
         self.logit_softcap = logit_softcap
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"sinks must be [num_heads={num_heads}], got {tuple(sinks.shape)}")
+        self.sinks = sinks
 
     @abstractmethod
     def forward(

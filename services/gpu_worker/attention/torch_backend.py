@@ -167,6 +167,15 @@ def chunk_attention(
 class TorchAttentionBackend(BaseAttentionBackend):
     name = "torch"
 
+    @property
+    def needs_eager_path(self) -> bool:
+        """A window, a cap or sinks: neither the C kernel nor SDPA has them (`windowed.py`)."""
+        return (
+            self.sliding_window is not None
+            or self.logit_softcap is not None
+            or self.sinks is not None
+        )
+
     def forward(
         self,
         query: torch.Tensor,  # [T, Hq, D]
@@ -179,10 +188,10 @@ class TorchAttentionBackend(BaseAttentionBackend):
         with_kernel = _writes_kv_with_kernel(metadata, key, value, k_cache, v_cache)
         all_valid = None if with_kernel else _all_slots_valid(metadata)  # kernel: unused
         write_kv(key, value, k_cache, v_cache, metadata.slot_mapping, all_valid, with_kernel)
-        if self.sliding_window is not None or self.logit_softcap is not None:
+        if self.needs_eager_path:
             return windowed_attention(
                 query, k_cache, v_cache, metadata, self.scale, self.sliding_window,
-                self.logit_softcap,
+                self.logit_softcap, self.sinks,
             )  # fmt: skip
         if cpu_paged_attention.supports(query, k_cache):
             return self._forward_with_kernel(query, key, value, k_cache, v_cache, metadata)

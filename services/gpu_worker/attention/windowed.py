@@ -1,17 +1,19 @@
-"""Attention of layers with a sliding window or logit soft-capping on the CPU, one sequence
-at a time in float32 (the arithmetic of Hugging Face's eager attention, which is where
-soft-capping lives): each query reads only the blocks that hold its window, so blocks the
-scheduler has given back (wholly before every query's window) are never read.
+"""Attention of layers with a sliding window, logit soft-capping or attention sinks on the
+CPU, one sequence at a time in float32 (the arithmetic of Hugging Face's eager attention,
+which is where soft-capping and sinks live): each query reads only the blocks that hold its
+window, so blocks the scheduler has given back (wholly before every query's window) are
+never read.
 
-Neither the C kernel nor torch's fused SDPA has these masks or the cap; a layer without
-either keeps the paths of `torch_backend.py`.
+Neither the C kernel nor torch's fused SDPA has these masks, the cap or the sinks (a learned
+logit per head in the softmax's denominator, GPT-OSS); a layer with none of them keeps the
+paths of `torch_backend.py`.
 """
 
 from __future__ import annotations
 
 import torch
 
-from pagedserve.kernels.reference import capped
+from pagedserve.kernels.reference import capped, softmax_with_sinks
 from pagedserve.services.gpu_worker.attention.base import AttentionMetadata
 
 
@@ -23,6 +25,7 @@ def windowed_attention(
     scale: float,
     sliding_window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head
 ) -> torch.Tensor:  # [T, Hq, D]
     out = torch.empty_like(query)
     starts, lens = metadata.query_start_list, metadata.seq_lens_list
@@ -31,7 +34,7 @@ def windowed_attention(
         if start < end:
             out[start:end] = _sequence_attention(
                 query[start:end], k_cache, v_cache, metadata.block_tables[i], seq_len,
-                scale, sliding_window, softcap,
+                scale, sliding_window, softcap, sinks,
             )  # fmt: skip
     return out
 
@@ -45,6 +48,7 @@ def _sequence_attention(
     scale: float,
     sliding_window: int | None,
     softcap: float | None,
+    sinks: torch.Tensor | None,
 ) -> torch.Tensor:  # [Q, Hq, D]
     num_new, num_heads, head_dim = query.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
@@ -64,6 +68,7 @@ def _sequence_attention(
     visible = key_pos[None, :] <= query_pos[:, None]  # [Q, L]
     if sliding_window is not None:
         visible &= key_pos[None, :] > query_pos[:, None] - sliding_window
-    probs = torch.softmax(scores.masked_fill(~visible, float("-inf")), dim=-1)
+    head_sinks = None if sinks is None else sinks.view(num_kv_heads, group, 1, 1)
+    probs = softmax_with_sinks(scores.masked_fill(~visible, float("-inf")), head_sinks)
     out = torch.einsum("kgql,lkd->qkgd", probs, values)  # [Q, Hkv, G, D]
     return out.reshape(num_new, num_heads, head_dim).to(query.dtype)

@@ -26,6 +26,23 @@ class GeluAndMul(CustomOp):
         return F.gelu(gate, approximate=self.approximate) * up
 
 
+class ClampedSwigluAndMul(CustomOp):
+    """GPT-OSS's experts: the gate clamped above at `limit`, the up projection to
+    [-limit, limit], then (up + 1) * gate * sigmoid(alpha * gate). The checkpoint interleaves
+    gate and up columns; they are split into the two halves at load like every gated MLP's."""
+
+    def __init__(self, alpha: float = 1.702, limit: float = 7.0, form: str | None = None) -> None:
+        super().__init__(form)
+        self.alpha = alpha
+        self.limit = limit
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:  # [T, 2I] -> [T, I]
+        gate, up = x.chunk(2, dim=-1)
+        gate = gate.clamp(max=self.limit)
+        up = up.clamp(min=-self.limit, max=self.limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
+
+
 # config `hidden_act` -> (op class, its arguments)
 _ACTIVATIONS: dict[str, tuple[type[CustomOp], dict[str, str]]] = {
     "silu": (SiluAndMul, {}),

@@ -1,6 +1,7 @@
 """Self-attention over the paged KV cache, as decoder layers share it: a merged q/k/v
 projection, an optional RMSNorm of each query and key head (Qwen3, Gemma 3), the rotary
-embedding, the attention backend and the output projection."""
+embedding, the attention backend (with a learned sink logit per head where the model has
+them: GPT-OSS) and the output projection."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class Attention(nn.Module):
         qk_norm_width: str = "head",
         sliding_window: int | None = None,
         logit_softcap: float | None = None,
+        sinks: bool = False,
     ) -> None:
         """`head_norm(width)` builds the query and key norms: over each head
         (`qk_norm_width="head"`: Qwen3, Gemma 3) or over the whole projection of this rank
@@ -54,9 +56,25 @@ class Attention(nn.Module):
         self.k_norm = head_norm(k_width) if head_norm else None
         self.rotate = ApplyRotary()
         scale = head_dim**-0.5 if scale is None else scale
+        self.sinks = None
+        if sinks:  # this rank's heads' logits, as `qkv_proj` holds their queries
+            self.sinks = nn.Parameter(torch.empty(self.num_heads))
+            self.sinks.weight_loader = self.sinks_loader
         self.attn = backend_cls(
-            self.num_heads, self.num_kv_heads, head_dim, scale, sliding_window, logit_softcap
-        )
+            self.num_heads, self.num_kv_heads, head_dim, scale, sliding_window, logit_softcap,
+            sinks=self.sinks,
+        )  # fmt: skip
+
+    def sinks_loader(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """This rank's slice of the checkpoint's [num_attention_heads] sink logits."""
+        rank, size = self.qkv_proj.tp_rank, self.num_heads
+        expected = size * self.qkv_proj.tp_size
+        if tuple(loaded.shape) != (expected,):
+            raise ValueError(
+                f"sinks: checkpoint tensor has shape {tuple(loaded.shape)}, the model "
+                f"expects ({expected},)"
+            )
+        param.data.copy_(loaded.narrow(0, rank * size, size))
 
     def forward(
         self,

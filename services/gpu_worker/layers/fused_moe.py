@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pagedserve.services.gpu_worker.layers.activation import activation_and_mul
+from pagedserve.services.gpu_worker.layers.activation import SiluAndMul, activation_and_mul
 from pagedserve.services.gpu_worker.layers.custom_op import CustomOp
 from pagedserve.services.gpu_worker.layers.linear_method import PLAIN_LINEAR, BaseLinearMethod
 from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
@@ -78,43 +78,112 @@ def grouped_experts(
 
 
 class ExpertsOp(CustomOp):
-    """The grouped expert products; every form is the torch one for now (a Triton fused-MoE
-    kernel would be `forward_cuda`). Each product goes through the expert's linear method,
-    which the CPU platform swaps for its packed one at load."""
+    """The experts' products of a step: `forward_native` is the torch grouping above, each
+    product through the expert's linear method (the CPU platform swaps in packed ones at
+    load); `forward_cuda` is the Triton fused-MoE kernel (`kernels/fused_moe.py`) wherever
+    it computes these experts (`kernel_computes`), the native grouping elsewhere."""
 
-    def forward_native(self, *args: torch.Tensor | nn.Module) -> torch.Tensor:
-        return grouped_experts(*args)  # x, experts, weights, ids, act_and_mul
+    def forward_native(
+        self,
+        x: torch.Tensor,
+        experts: StackedExperts,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        act_and_mul: nn.Module,
+    ) -> torch.Tensor:
+        return grouped_experts(x, experts, weights, ids, act_and_mul)
+
+    def forward_cuda(
+        self,
+        x: torch.Tensor,
+        experts: StackedExperts,
+        weights: torch.Tensor,
+        ids: torch.Tensor,
+        act_and_mul: nn.Module,
+    ) -> torch.Tensor:
+        if not kernel_computes(experts, act_and_mul):
+            return self.forward_native(x, experts, weights, ids, act_and_mul)
+        from pagedserve.kernels.fused_moe import fused_experts
+
+        return fused_experts(x, experts.w13_weight, experts.w2_weight, weights, ids)
+
+
+# the only parameters of experts the fused kernel multiplies: no biases, no other tensors
+KERNEL_PARAMETERS = {"w13_weight", "w2_weight"}
+
+
+def kernel_computes(experts: StackedExperts, act_and_mul: nn.Module) -> bool:
+    """Whether the fused kernel computes these experts: SiLU-and-multiply (exactly: not a
+    variant of it), only the stacked weights as parameters (expert biases, scales of a
+    quantized format are not in the kernel) and no platform linear methods."""
+    names = {name for name, _ in experts.named_parameters()}
+    return (
+        type(act_and_mul) is SiluAndMul
+        and names == KERNEL_PARAMETERS
+        and not experts.linear_methods
+    )
 
 
 class ReplicatedLinear(nn.Module):
-    """y = x W^T with the whole W on every rank (the router, the shared expert's gate)."""
+    """y = x W^T (+ b) with the whole W on every rank (the router, the shared expert's gate)."""
 
-    def __init__(self, input_size: int, output_size: int) -> None:
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
         self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.bias = nn.Parameter(torch.empty(output_size)) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight)
+        return F.linear(x, self.weight, self.bias)
 
 
 class StackedExperts(nn.Module):
     """Every expert's gate/up (`w13_weight`) and down (`w2_weight`) projections, this rank's
-    slice of their intermediate features, filled one checkpoint tensor at a time."""
+    slice of their intermediate features, filled one checkpoint tensor at a time. With `bias`
+    (GPT-OSS), each expert's products add its biases: `w13_bias` [E, 2I] (this rank's slice)
+    and `w2_bias` [E, H], added on rank 0 only so that the all-reduce sums it once."""
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, num_experts: int, hidden_size: int, intermediate_size: int, bias: bool = False
+    ) -> None:
         super().__init__()
         self.tp_rank = get_tp_rank()
         self.num_experts = num_experts
         self.size = divide(intermediate_size, get_tp_world_size(), "moe intermediate features")
         self.w13_weight = nn.Parameter(torch.empty(num_experts, 2 * self.size, hidden_size))
         self.w2_weight = nn.Parameter(torch.empty(num_experts, hidden_size, self.size))
+        self.w13_bias = nn.Parameter(torch.empty(num_experts, 2 * self.size)) if bias else None
+        self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden_size)) if bias else None
         # (parameter name, expert) -> its linear method where a platform gave it one
         self.linear_methods: dict[tuple[str, int], BaseLinearMethod] = {}
 
     def product(self, name: str, expert: int, rows: torch.Tensor) -> torch.Tensor:
         """rows W^T with expert `expert`'s `w13_weight` or `w2_weight`."""
         method = self.linear_methods.get((name, expert), PLAIN_LINEAR)
-        return method.apply(rows, getattr(self, name)[expert])
+        return method.apply(rows, getattr(self, name)[expert], self._bias(name, expert))
+
+    def _bias(self, name: str, expert: int) -> torch.Tensor | None:
+        if self.w13_bias is None or (name == "w2_weight" and self.tp_rank != 0):
+            return None
+        return (self.w13_bias if name == "w13_weight" else self.w2_bias)[expert]
+
+    def load_expert_bias(self, expert: int, part: str, loaded: torch.Tensor) -> None:
+        """This rank's slice of one expert's gate, up or down bias (see `load_expert`)."""
+        if self.w13_bias is None or self.w2_bias is None:
+            raise ValueError(f"expert {expert} {part} bias: these experts have no biases")
+        if not 0 <= expert < self.num_experts:
+            raise ValueError(f"expert {expert} is out of range (the config has {self.num_experts})")
+        full = self.w2_bias.shape[1] if part == "down" else self.size * get_tp_world_size()
+        if tuple(loaded.shape) != (full,):
+            raise ValueError(
+                f"expert {expert} {part} bias: checkpoint tensor has shape "
+                f"{tuple(loaded.shape)}, the model expects ({full},)"
+            )
+        if part == "down":
+            self.w2_bias.data[expert].copy_(loaded)
+            return
+        offset = 0 if part == "gate" else self.size
+        shard = loaded.narrow(0, self.tp_rank * self.size, self.size)
+        self.w13_bias.data[expert].narrow(0, offset, self.size).copy_(shard)
 
     def load_expert(self, expert: int, part: str, loaded: torch.Tensor) -> None:
         """Copy this rank's slice of one expert's checkpoint projection into its place."""
@@ -139,7 +208,9 @@ class StackedExperts(nn.Module):
 class FusedMoE(nn.Module):
     """The MoE MLP of a decoder layer, named as the checkpoints name it: `gate` (the router),
     `experts`, and Qwen2-MoE's `shared_expert` with its `shared_expert_gate` (DeepSeek's
-    shared experts have no gate), and DeepSeek-V3's `e_score_correction_bias`."""
+    shared experts have no gate). GPT-OSS adds a router bias (`router_bias`), expert biases
+    (`expert_bias`) and its own activation (`act_and_mul`, which replaces `hidden_act`'s);
+    DeepSeek-V3 its `e_score_correction_bias` (`correction_bias`)."""
 
     def __init__(
         self,
@@ -149,15 +220,19 @@ class FusedMoE(nn.Module):
         routing: Routing,
         hidden_act: str = "silu",
         shared_expert: nn.Module | None = None,  # [T, H] -> [T, H], reduced over ranks
+        *,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        act_and_mul: nn.Module | None = None,  # [n, 2I] -> [n, I]; None: hidden_act's
         shared_expert_gated: bool = True,  # Qwen2-MoE's sigmoid gate; DeepSeek adds it plain
         correction_bias: bool = False,  # DeepSeek-V3's e_score_correction_bias [E]
     ) -> None:
         super().__init__()
         routing.check(num_experts)
         self.routing = routing
-        self.gate = ReplicatedLinear(hidden_size, num_experts)
-        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
-        self.act_and_mul = activation_and_mul(hidden_act)
+        self.gate = ReplicatedLinear(hidden_size, num_experts, bias=router_bias)
+        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size, expert_bias)
+        self.act_and_mul = act_and_mul or activation_and_mul(hidden_act)
         self.compute_experts = ExpertsOp()
         self.shared_expert = shared_expert
         gated = shared_expert is not None and shared_expert_gated

@@ -9,6 +9,7 @@ from pagedserve.services.gpu_worker.models.deepseek_v2 import (
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
+from pagedserve.services.gpu_worker.models.gpt_oss import GptOssForCausalLM
 from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
@@ -35,6 +36,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
     "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
     "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
+    "GptOssForCausalLM": GptOssForCausalLM,
 }
 
 
@@ -55,6 +57,7 @@ _MODEL_TYPES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "deepseek_v2": "DeepseekV2ForCausalLM",
     "deepseek_v3": "DeepseekV3ForCausalLM",
+    "gpt_oss": "GptOssForCausalLM",
 }
 
 
