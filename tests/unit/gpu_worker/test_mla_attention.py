@@ -73,24 +73,27 @@ def expanded_reference(layer: MLAAttention, hidden: torch.Tensor, interleaved: b
     return layer.o_proj(out)
 
 
-def check_against_expanded(layer: MLAAttention, device: str, **tolerance: float) -> None:
-    """Two sequences, each served in pieces over its cached prefix: a 7-token prefill, then a
-    5-token chunk beside the other's decodes, then decodes; every row as the reference."""
+def check_against_expanded(
+    layer: MLAAttention, device: str, block_size: int = 4, **tolerance: float
+) -> None:
+    """Two sequences, each served in pieces over its cached prefix: a 20/17-token prefill,
+    then an 18-token chunk beside the other's decode, then decodes; every row as the
+    reference. Their blocks interleave in the cache."""
     dev = torch.device(device)
     layer = layer.to(dev)
     s = layer.shape
     rotary = RotaryEmbedding(s.qk_rope_head_dim, 64, 10000.0).to(dev)
     spec = s.kv_cache_spec()
-    layout = KVCacheLayout.from_specs([spec], BLOCK_SIZE, 4, 8, torch.float32)
-    cache = layout.allocate(16, dev)[0]
-    assert cache[0] is cache[1] and cache[0].shape == (16, BLOCK_SIZE, 1, s.latent_width)
+    layout = KVCacheLayout.from_specs([spec], block_size, 4, 8, torch.float32)
+    cache = layout.allocate(32, dev)[0]
+    assert cache[0] is cache[1] and cache[0].shape == (32, block_size, 1, s.latent_width)
     torch.manual_seed(1)
-    hidden = {"a": torch.randn(14, s.hidden_size, device=dev),
-              "b": torch.randn(9, s.hidden_size, device=dev)}  # fmt: skip
-    tables = {"a": [3, 5, 7, 9], "b": [2, 4, 6]}
+    hidden = {"a": torch.randn(40, s.hidden_size, device=dev),
+              "b": torch.randn(20, s.hidden_size, device=dev)}  # fmt: skip
+    tables = {"a": list(range(1, 32, 2)), "b": list(range(2, 32, 2))}
     # (sequence, tokens done before, tokens this step) per step
-    steps = [[("a", 0, 7), ("b", 0, 6)], [("a", 7, 5), ("b", 6, 1)], [("a", 12, 1), ("b", 7, 1)],
-             [("a", 13, 1), ("b", 8, 1)]]  # fmt: skip
+    steps = [[("a", 0, 20), ("b", 0, 17)], [("a", 20, 18), ("b", 17, 1)],
+             [("a", 38, 1), ("b", 18, 1)], [("a", 39, 1), ("b", 19, 1)]]  # fmt: skip
     got = {"a": [], "b": []}
     with torch.no_grad():
         for step in steps:
@@ -98,7 +101,8 @@ def check_against_expanded(layer: MLAAttention, device: str, **tolerance: float)
             positions = torch.cat([torch.arange(done, done + new) for _, done, new in step])
             metadata = build_attention_metadata(
                 [done + new for _, done, new in step], [new for _, _, new in step],
-                [tables[name] for name, _, _ in step], BLOCK_SIZE, dev,
+                [tables[name][: -(-(done + new) // block_size)] for name, done, new in step],
+                block_size, dev,
             )  # fmt: skip
             out = layer(rotary.angles(positions.to(dev)), rows, cache, metadata)
             for (name, *_), piece in zip(step, out.split([n for *_, n in step]), strict=True):
@@ -128,7 +132,7 @@ def test_latent_attention_through_the_triton_backend_on_cuda(dims) -> None:
     from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
 
     layer = make_layer(24, True, dims, backend=TritonAttentionBackend)
-    check_against_expanded(layer, "cuda", rtol=1e-3, atol=1e-3)
+    check_against_expanded(layer, "cuda", block_size=16, rtol=1e-3, atol=1e-3)
 
 
 def test_latent_cache_rows_hold_the_normed_latent_and_rotated_key() -> None:

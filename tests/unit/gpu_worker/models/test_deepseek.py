@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import DeepseekV2Config, DeepseekV3Config
 
+from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout
 from pagedserve.services.gpu_worker.model_runner import ModelRunner
@@ -17,10 +18,17 @@ from pagedserve.services.gpu_worker.models.deepseek_v2 import (
     DeepseekV2ForCausalLM,
     DeepseekV3ForCausalLM,
 )
-from pagedserve.shared.config import CacheConfig
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.kv_cache_spec import KVCacheSpec
+from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
 from tests.fixtures.tiny_models import ARCH_OVERRIDES, build_tiny_model, tiny_config_kwargs
-from tests.unit.gpu_worker.models.arch_check import check_architecture
+from tests.unit.gpu_worker.models.arch_check import (
+    GREEDY,
+    MAX_TOKENS,
+    PROMPT_LENGTHS,
+    check_architecture,
+    random_prompts,
+)
 
 LATENT, ROPE = 32, 8  # the tiny configs' kv_lora_rank and qk_rope_head_dim
 
@@ -89,3 +97,21 @@ def test_unsupported_features_are_refused_by_name(model, fields, named) -> None:
     model_cls, config_cls = model
     with pytest.raises(ValueError, match=named):
         model_cls(config(config_cls, **fields), TorchAttentionBackend)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
+def test_deepseek_on_cuda_through_triton_matches_transformers(tmp_path: Path, arch: str) -> None:
+    """The engine on CUDA in fp32 (Triton kernels in MLA's geometry, 16-token blocks: the
+    kernels' least), chunked prefill, against HF greedy on the CPU."""
+    model_dir = build_tiny_model(tmp_path / arch, arch)
+    engine = LLMEngine(
+        model_dir, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512),
+        CacheConfig(block_size=16, num_blocks=256), dtype="float32", device="cuda",
+        attention_backend="triton",
+    )  # fmt: skip
+    hf = load_hf(model_dir)
+    prompts = random_prompts(PROMPT_LENGTHS, seed=0)
+    for prompt, result in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
+        assert_matches_hf(result.token_ids, hf_greedy(hf, prompt, MAX_TOKENS), f"{arch} cuda")
