@@ -5,6 +5,7 @@ out here from the formulas; and what the latent cache holds."""
 from __future__ import annotations
 
 import math
+import os
 
 import pytest
 import torch
@@ -123,8 +124,25 @@ def test_latent_attention_at_v2_lite_width_equals_expanded_attention() -> None:
     check_against_expanded(layer, "cpu", rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1", reason="the Triton kernels on the CPU interpret"
+)
+@pytest.mark.parametrize("dims", [TINY, V2_LITE], ids=["tiny", "v2-lite"])
+def test_latent_attention_through_the_interpreted_triton_kernels(dims) -> None:
+    """The Triton backend's kernels (KV write, prefill over a cached prefix, decode) under
+    the interpreter (tests/conftest.py sets it), in MLA's geometry: 16 query heads over one
+    576-wide row at V2-Lite's width, padded to the kernels' 1024."""
+    from pagedserve.services.gpu_worker.attention.triton_backend import TritonAttentionBackend
+
+    layer = make_layer(24, True, dims, backend=TritonAttentionBackend)
+    check_against_expanded(layer, "cpu", block_size=16, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") == "1", reason="the compiled kernels: TRITON_INTERPRET=0"
+)
 @pytest.mark.parametrize("dims", [TINY, V2_LITE], ids=["tiny", "v2-lite"])
 def test_latent_attention_through_the_triton_backend_on_cuda(dims) -> None:
     """The Triton decode and prefill kernels in MLA's geometry (one KV head of width
