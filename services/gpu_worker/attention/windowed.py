@@ -37,8 +37,8 @@ def windowed_attention(
     sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head
     fused: bool | None = None,  # None: fused wherever it applies (no cap, the op exists)
 ) -> torch.Tensor:  # [T, Hq, D]
-    if fused is None:
-        fused = softcap is None and _FLASH_WITH_LSE is not None
+    if fused is None:  # the op is the CPU's; the CUDA fallback stays eager
+        fused = softcap is None and _FLASH_WITH_LSE is not None and query.device.type == "cpu"
     elif fused and softcap is not None:
         raise ValueError("the fused form has no logit soft-cap")
     out = torch.empty_like(query)
