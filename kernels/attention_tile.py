@@ -77,6 +77,16 @@ def soft_capped(scores, softcap_log2):
 
 
 @triton.jit
+def normalised_with_sinks(acc, m_i, l_i, sinks_log2):
+    """The output rows acc / (l_i + 2^(sink - m_i)): each row's sink logit (base 2, GPT-OSS)
+    joins the softmax's denominator as a key with no value, rescaled to the larger of the
+    running max and the sink so that neither overflows."""
+    m = tl.maximum(m_i, sinks_log2)
+    kept = tl.exp2(m_i - m)
+    return acc * (kept / (l_i * kept + tl.exp2(sinks_log2 - m)))[:, None]
+
+
+@triton.jit
 def window_start(first_q_pos, window):
     """The first position a query at `first_q_pos` sees in a window of `window` keys."""
     return tl.maximum(first_q_pos - window + 1, 0)

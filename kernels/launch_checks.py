@@ -137,3 +137,16 @@ def output_like(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     if out.stride(2) != 1:
         raise ValueError("out must be contiguous in head_dim (stride 1)")
     return out
+
+
+def sinks_in_base_2(sinks: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    """Attention sinks [num_heads] checked against the query, as the kernels read them:
+    contiguous fp32 logits times log2(e) (their scores live in the exp2 domain); None: none."""
+    if sinks is None:
+        return None
+    if sinks.shape != (query.shape[1],) or sinks.device != query.device:
+        raise ValueError(
+            f"sinks must be [num_heads={query.shape[1]}] on {query.device}, got "
+            f"{tuple(sinks.shape)} on {sinks.device}"
+        )
+    return (sinks.float() * 1.4426950408889634).contiguous()

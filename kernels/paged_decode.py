@@ -5,6 +5,9 @@ that KV head (GQA), so each KV tile is loaded once per group and the group forms
 dimension of tl.dot (padded to 16 rows). When the batch is too small to fill the GPU, the
 context is split across programs (flash-decoding): each split writes its normalised partial
 output and log-sum-exp, and `paged_decode_reduce_kernel` merges them.
+With attention sinks (SINKS, GPT-OSS), each head's logit joins the softmax's denominator at
+the end: in the single pass as the output is normalised, with splits in the reduce (the
+partials stay normalised over their own keys).
 Twin: `kernels.reference.paged_decode_attention`."""
 
 from __future__ import annotations
@@ -15,7 +18,11 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedserve.kernels.attention_tile import attend_kv_range, window_start
+from pagedserve.kernels.attention_tile import (
+    attend_kv_range,
+    normalised_with_sinks,
+    window_start,
+)
 from pagedserve.kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -26,6 +33,7 @@ from pagedserve.kernels.launch_checks import (
     next_power_of_2,
     num_multiprocessors,
     output_like,
+    sinks_in_base_2,
     tile_size,
     upcast_for_dot,
 )
@@ -53,6 +61,7 @@ def paged_decode_kernel(
     v_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32, >= 1
+    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
     window,  # WINDOWED: the new token sees its last `window` keys, itself included
     softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
@@ -81,6 +90,7 @@ def paged_decode_kernel(
     UPCAST: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     kv_head = tl.program_id(1)
@@ -150,7 +160,11 @@ def paged_decode_kernel(
         lse_ptrs = lse_ptr + seq * stride_lb + heads * stride_lh + split
         tl.store(lse_ptrs, lse, mask=g < GROUP)
     else:
-        out = acc / l_i[:, None]
+        if SINKS:
+            sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0)
+            out = normalised_with_sinks(acc, m_i, l_i, sinks)
+        else:
+            out = acc / l_i[:, None]
         out_ptrs = out_ptr + seq * stride_ob + heads[:, None] * stride_oh + d[None, :]
         tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
@@ -160,12 +174,14 @@ def paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     partial_ptr,  # [B, Hq, S, D] fp32, contiguous
     lse_ptr,  # [B, Hq, S] fp32, contiguous; -inf for splits without keys
+    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
     stride_ob,
     stride_oh,
     num_splits,  # S: a runtime value, so one compiled variant serves every S up to SPLITS_PAD
     SPLITS_PAD: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     HEAD_PAD: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     seq = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -174,12 +190,19 @@ def paged_decode_reduce_kernel(
     d = tl.arange(0, HEAD_PAD)
     row = seq * num_heads + head
     lse = tl.load(lse_ptr + row * num_splits + s, mask=s < num_splits, other=float("-inf"))
-    # Split 0 always holds keys (seq_len >= 1), so the max is finite.
-    weights = tl.exp2(lse - tl.max(lse, 0))  # [SPLITS_PAD]
+    # The split holding the new token always holds keys, so the max is finite.
+    m = tl.max(lse, 0)
+    if SINKS:  # the head's sink logit joins the denominator once, over all splits
+        sink = tl.load(sinks_ptr + head)
+        m = tl.maximum(m, sink)
+    weights = tl.exp2(lse - m)  # [SPLITS_PAD]
+    denominator = tl.sum(weights, 0)
+    if SINKS:
+        denominator += tl.exp2(sink - m)
     mask = (s[:, None] < num_splits) & (d[None, :] < HEAD_DIM)
     partial_ptrs = partial_ptr + (row * num_splits + s[:, None]) * HEAD_DIM + d[None, :]
     partial = tl.load(partial_ptrs, mask=mask, other=0.0)  # [SPLITS_PAD, HEAD_PAD]
-    out = tl.sum(partial * weights[:, None], 0) / tl.sum(weights, 0)
+    out = tl.sum(partial * weights[:, None], 0) / denominator
     out_ptrs = out_ptr + seq * stride_ob + head * stride_oh + d
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 
@@ -206,6 +229,19 @@ def split_buffers(
     partial = torch.empty(num_seqs, num_heads, num_splits, head_dim, device=device)
     lse = torch.empty(num_seqs, num_heads, num_splits, device=device)
     return partial, lse
+
+
+def main_pass_targets(
+    out: torch.Tensor, num_splits: int, tile_n: int, max_seq_len: int
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...], tuple[int, ...], int]:
+    """Where the main pass writes: (its output, the log-sum-exps, their strides, tiles per
+    split): the split buffers with num_splits > 1, else `out` itself (lse unused)."""
+    if num_splits == 1:
+        return out, out, (*out.stride()[:2], 0), (0, 0), 0
+    tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
+    num_seqs, num_heads, head_dim = out.shape
+    partial, lse = split_buffers(num_seqs, num_heads, num_splits, head_dim, out.device)
+    return partial, lse, partial.stride()[:3], lse.stride()[:2], tiles_per_split
 
 
 def check_decode_args(
@@ -249,15 +285,18 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head (GPT-OSS)
 ) -> torch.Tensor:  # [B, Hq, D]
     """Attention of each sequence's newest token over its cached context (its last
-    `sliding_window` keys, scores capped by `softcap`, when given: see `kernels.reference`).
+    `sliding_window` keys, scores capped by `softcap`, each head's `sinks` logit in the
+    softmax's denominator, when given: see `kernels.reference`).
     `num_splits`: None chooses by `choose_num_splits`; 1 forces the single pass; > 1 forces
     flash-decoding with that many splits. `max_seq_len` (an upper bound on seq_lens) saves the
     device sync the heuristic otherwise needs; an understated one drops keys from splits.
     `out`, if given, receives the result. seq_lens must be >= 1 and fit the block table (not
     checked on device: that would sync)."""
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
+    sinks_log2 = sinks_in_base_2(sinks, query)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     (num_seqs, num_heads, head_dim), (num_kv_heads, block_size) = query.shape, k_cache.shape[2:0:-1]
@@ -270,29 +309,24 @@ def paged_decode_attention(
     group = num_heads // num_kv_heads
     tile_n = max(tile_size(query.dtype, query.device), block_size)
     split = num_splits > 1
-    if split:
-        tiles_per_split = max(1, math.ceil(math.ceil(max_seq_len / tile_n) / num_splits))
-        partial, lse = split_buffers(num_seqs, num_heads, num_splits, head_dim, query.device)
-        target, target_strides = partial, partial.stride()[:3]
-        lse_strides = lse.stride()[:2]
-    else:
-        tiles_per_split = 0
-        target, lse = out, out  # lse unused without SPLIT
-        target_strides = (*out.stride()[:2], 0)
-        lse_strides = (0, 0)
+    target, lse, target_strides, lse_strides, tiles_per_split = main_pass_targets(
+        out, num_splits, tile_n, max_seq_len or 0
+    )
     paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
-        target, lse, query, k_cache, v_cache, block_tables, seq_lens, scale * LOG2_E,
+        target, lse, query, k_cache, v_cache, block_tables, seq_lens,
+        query if sinks_log2 is None else sinks_log2, scale * LOG2_E,
         sliding_window or 0, (softcap or 1.0) * LOG2_E, tiles_per_split, *query.stride()[:2], *target_strides, *lse_strides,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=tile_n, SPLIT=split, UPCAST=upcast_for_dot(query),
         WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
-        num_warps=decode_num_warps(query.dtype, query.device),
+        SINKS=sinks_log2 is not None, num_warps=decode_num_warps(query.dtype, query.device),
     )  # fmt: skip
     if split:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, partial, lse, *out.stride()[:2], num_splits,
-            SPLITS_PAD=next_power_of_2(num_splits), HEAD_DIM=head_dim, HEAD_PAD=next_power_of_2(head_dim),
+            out, target, lse, lse if sinks_log2 is None else sinks_log2, *out.stride()[:2],
+            num_splits, SPLITS_PAD=next_power_of_2(num_splits), HEAD_DIM=head_dim,
+            HEAD_PAD=next_power_of_2(head_dim), SINKS=sinks_log2 is not None,
         )  # fmt: skip
     return out

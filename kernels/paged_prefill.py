@@ -10,7 +10,8 @@ last query position, so causal work beyond the diagonal is never loaded.
 The grid is a flat list of the (sequence, query tile) pairs that exist, built on the host
 (`build_work_items`): a mixed step of one long chunk beside many decodes launches one program
 per tile, not (sequences x tiles of the longest chunk) of which almost all would exit at once.
-Twin: `kernels.reference.paged_prefill_attention`."""
+With attention sinks (SINKS, GPT-OSS), each row's head logit joins the softmax's denominator
+as the output is normalised. Twin: `kernels.reference.paged_prefill_attention`."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ import torch
 import triton
 import triton.language as tl
 
-from pagedserve.kernels.attention_tile import attend_kv_range, window_start
+from pagedserve.kernels.attention_tile import (
+    attend_kv_range,
+    normalised_with_sinks,
+    window_start,
+)
 from pagedserve.kernels.launch_checks import (
     MIN_DOT_DIM,
     check_cache,
@@ -29,6 +34,7 @@ from pagedserve.kernels.launch_checks import (
     check_query,
     next_power_of_2,
     output_like,
+    sinks_in_base_2,
     tile_size,
     upcast_for_dot,
 )
@@ -51,6 +57,7 @@ def paged_prefill_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32: cached prefix + new tokens
     work_items_ptr,  # [W, 2] int32 (sequence, query tile), with FLAT_GRID; else unused
+    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
     window,  # WINDOWED: a row at p sees keys p - window < k <= p
     softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
@@ -77,6 +84,7 @@ def paged_prefill_kernel(
     FLAT_GRID: tl.constexpr,
     WINDOWED: tl.constexpr,
     SOFTCAP: tl.constexpr,
+    SINKS: tl.constexpr,
 ):
     if FLAT_GRID:
         # One program per (work item, KV head), heads fastest, so the heaviest items (listed
@@ -152,7 +160,11 @@ def paged_prefill_kernel(
         UPCAST,
     )
 
-    out = acc / l_i[:, None]
+    if SINKS:
+        sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0)
+        out = normalised_with_sinks(acc, m_i, l_i, sinks)
+    else:
+        out = acc / l_i[:, None]
     out_ptrs = out_ptr + tokens[:, None] * stride_ot + heads[:, None] * stride_oh + d[None, :]
     tl.store(out_ptrs, out.to(out_ptr.dtype.element_ty), mask=q_mask)
 
@@ -164,7 +176,10 @@ def check_prefill_args(
     block_tables: torch.Tensor,
     query_start_loc: torch.Tensor,
     seq_lens: torch.Tensor,
+    grid: str = "flat",
 ) -> None:
+    if grid not in PREFILL_GRIDS:
+        raise ValueError(f"grid must be one of {PREFILL_GRIDS}, got {grid!r}")
     check_device(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
     check_cache(k_cache, v_cache)
     check_query(query, k_cache)
@@ -282,6 +297,7 @@ def paged_prefill_attention(
     out: torch.Tensor | None = None,
     sliding_window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,  # [Hq] a learned logit per query head (GPT-OSS)
 ) -> torch.Tensor:  # [T, Hq, D]
     """Causal attention of a chunk of new tokens over a cached paged prefix plus themselves.
     A decode is the case of one new token, so a mixed batch goes through here whole. The new
@@ -291,13 +307,11 @@ def paged_prefill_attention(
     `work_items` (see `build_work_items`; computed here, with a device sync, when not
     given); "padded" launches (sequences x tiles of the longest chunk), sized by
     `max_query_len` (computed with a sync when not given). `out`, if given, receives the
-    result. `sliding_window`, `softcap`: as `kernels.reference.paged_prefill_attention`."""
-    check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens)
-    if grid not in PREFILL_GRIDS:
-        raise ValueError(f"grid must be one of {PREFILL_GRIDS}, got {grid!r}")
+    result. `sliding_window`, `softcap`, `sinks`: as `kernels.reference`'s twin."""
+    check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, grid)
+    sinks_log2 = sinks_in_base_2(sinks, query)
     num_tokens, num_heads, head_dim = query.shape
-    num_seqs = seq_lens.shape[0]
-    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    num_seqs, (num_kv_heads, block_size) = seq_lens.shape[0], k_cache.shape[2:0:-1]
     out = output_like(query, out)
     if num_tokens == 0 or num_seqs == 0:
         return out
@@ -316,6 +330,7 @@ def paged_prefill_attention(
     paged_prefill_kernel[launch_grid](
         out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
         work_items if grid == "flat" else seq_lens,  # unused without FLAT_GRID
+        query if sinks_log2 is None else sinks_log2,  # unused without SINKS
         scale * LOG2_E, sliding_window or 0, (softcap or 1.0) * LOG2_E,
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0),
@@ -323,6 +338,6 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=max(tile, block_size), UPCAST=upcast_for_dot(query),
         FLAT_GRID=grid == "flat", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None,
+        SOFTCAP=softcap is not None, SINKS=sinks_log2 is not None,
     )  # fmt: skip
     return out

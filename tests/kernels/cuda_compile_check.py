@@ -57,10 +57,11 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     upcast = dtype == "fp32"
     tile = 32 if upcast else 64  # launch_checks.tile_size on CUDA
     data = {"query_ptr": f"*{dtype}", "k_cache_ptr": f"*{dtype}", "v_cache_ptr": f"*{dtype}"}
-    tables = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32"}
+    tables = {"block_tables_ptr": "*i32", "seq_lens_ptr": "*i32", "sinks_ptr": "*fp32"}
     decode = {"GROUP": 4, "GROUP_PAD": 16, "TILE_N": tile, "UPCAST": upcast, **SHAPE}
-    plain = {"WINDOWED": False, "SOFTCAP": False}
-    windowed = {"WINDOWED": True, "SOFTCAP": True}  # Gemma 2's sliding layers
+    plain = {"WINDOWED": False, "SOFTCAP": False, "SINKS": False}
+    windowed = {"WINDOWED": True, "SOFTCAP": True, "SINKS": False}  # Gemma 2's sliding layers
+    sinks = {"WINDOWED": True, "SOFTCAP": False, "SINKS": True}  # GPT-OSS's sliding layers
     out = []
     for split in (False, True):
         ptrs = {**data, **tables, "out_ptr": "*fp32" if split else f"*{dtype}", "lse_ptr": "*fp32"}
@@ -75,6 +76,11 @@ def sources(dtype: str) -> dict[str, ASTSource]:
     out.append(
         ("decode split=True windowed", signature(paged_decode_kernel, ptrs, decode_windowed))
     )
+    ptrs["out_ptr"] = f"*{dtype}"
+    decode_sinks = {**decode, **sinks, "SPLIT": False}
+    out.append(
+        ("decode split=False windowed sinks", signature(paged_decode_kernel, ptrs, decode_sinks))
+    )
     ptrs = {
         **data,
         **tables,
@@ -88,12 +94,16 @@ def sources(dtype: str) -> dict[str, ASTSource]:
         (True, "prefill", plain),
         (False, "prefill padded grid", plain),
         (True, "prefill windowed", windowed),
+        (True, "prefill windowed sinks", sinks),
     ):
         constexprs = {**prefill, **masks, "NUM_KV_HEADS": 8, "FLAT_GRID": flat}
         out.append((name, signature(paged_prefill_kernel, ptrs, constexprs)))
     ptrs = {"out_ptr": f"*{dtype}", "partial_ptr": "*fp32", "lse_ptr": "*fp32"}
-    reduce = {"SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128}
+    ptrs["sinks_ptr"] = "*fp32"
+    reduce = {"SPLITS_PAD": 8, "HEAD_DIM": 128, "HEAD_PAD": 128, "SINKS": False}
     out.append(("decode reduce", signature(paged_decode_reduce_kernel, ptrs, reduce)))
+    reduce_sinks = {**reduce, "SINKS": True}
+    out.append(("decode reduce sinks", signature(paged_decode_reduce_kernel, ptrs, reduce_sinks)))
     ptrs = {n: f"*{dtype}" for n in ("key_ptr", "value_ptr", "k_cache_ptr", "v_cache_ptr")}
     write = {"NUM_KV_HEADS": 8, "HEADS_PAD": 8, **SHAPE}
     out.append(

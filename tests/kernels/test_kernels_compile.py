@@ -27,10 +27,11 @@ def test_all_kernels_compile_for_sm90_with_pipelined_tensor_core_attention() -> 
     )
     assert result.returncode == 0, result.stderr[-4000:]
     facts = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
-    # 3 dtypes x (decode, decode split, prefill, prefill padded grid, reduce, write, 2 MoE)
-    assert len(facts) == 3 * 10
+    # 3 dtypes x (decode, decode split, prefill, prefill padded grid, reduce, write, 2 MoE,
+    # and the windowed, soft-capped and sink variants)
+    assert len(facts) == 3 * 13
     attention = [f for f in facts if f["kernel"].startswith(("decode split", "prefill"))]
-    assert len(attention) == 3 * 6  # plain and windowed + soft-capped
+    assert len(attention) == 3 * 8  # plain, windowed + soft-capped, windowed + sinks
     for fact in attention:
         # KV tiles stream through shared memory asynchronously (software pipelining) ...
         assert fact["cp_async"] > 0, fact

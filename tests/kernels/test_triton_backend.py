@@ -24,6 +24,7 @@ def run_step(
     v_cache: torch.Tensor,
     window: int | None = None,
     softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     gen = torch.Generator().manual_seed(sum(seq_lens))
     num_tokens = sum(query_lens)
@@ -33,22 +34,27 @@ def run_step(
     metadata = build_attention_metadata(
         seq_lens, query_lens, block_tables, BLOCK_SIZE, torch.device("cpu")
     )
-    backend = backend_cls(NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5, window, softcap)
+    backend = backend_cls(
+        NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, HEAD_DIM**-0.5, window, softcap, sinks=sinks
+    )
     return backend.forward(query, key, value, k_cache, v_cache, metadata)
 
 
 @pytest.mark.parametrize(
-    ("dtype", "window", "softcap"),
+    ("dtype", "window", "softcap", "with_sinks"),
     [
-        (torch.float32, None, None),
-        (torch.bfloat16, None, None),
-        (torch.float32, 12, None),  # a sliding window shorter than the contexts
-        (torch.float32, 24, 4.0),  # and soft-capped scores (Gemma 2)
+        (torch.float32, None, None, False),
+        (torch.bfloat16, None, None, False),
+        (torch.float32, 12, None, False),  # a sliding window shorter than the contexts
+        (torch.float32, 24, 4.0, False),  # and soft-capped scores (Gemma 2)
+        (torch.float32, 12, None, True),  # attention sinks (GPT-OSS's sliding layers)
+        (torch.float32, None, None, True),  # and its full ones
     ],
 )
 def test_prefill_then_decode_steps_match_the_torch_backend(
-    dtype: torch.dtype, window: int | None, softcap: float | None
+    dtype: torch.dtype, window: int | None, softcap: float | None, with_sinks: bool
 ) -> None:
+    sinks = torch.linspace(-2.0, 3.0, NUM_HEADS) if with_sinks else None
     shape = (NUM_BLOCKS, BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
     caches = {
         cls: (torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype))
@@ -66,7 +72,15 @@ def test_prefill_then_decode_steps_match_the_torch_backend(
     for seq_lens, query_lens in steps:
         outs = {
             cls: run_step(
-                cls, seq_lens, query_lens, block_tables, dtype, *caches[cls], window, softcap
+                cls,
+                seq_lens,
+                query_lens,
+                block_tables,
+                dtype,
+                *caches[cls],
+                window,
+                softcap,
+                sinks,
             )
             for cls in caches
         }

@@ -41,6 +41,7 @@ class TritonAttentionBackend(BaseAttentionBackend):
                 max_seq_len=metadata.max_seq_len,
                 sliding_window=self.sliding_window,
                 softcap=self.logit_softcap,
+                sinks=self.sinks,
             )
         return paged_prefill_attention(
             query,
@@ -54,6 +55,7 @@ class TritonAttentionBackend(BaseAttentionBackend):
             work_items=self.prefill_work_items(metadata, query.dtype),
             sliding_window=self.sliding_window,
             softcap=self.logit_softcap,
+            sinks=self.sinks,
         )
 
     def prefill_work_items(self, metadata: AttentionMetadata, dtype: torch.dtype) -> torch.Tensor:

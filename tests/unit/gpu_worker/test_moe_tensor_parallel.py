@@ -1,6 +1,7 @@
 """Mixture-of-experts models at TP=2 over gloo (see `test_tensor_parallel.py`): each rank
 holds every expert's half of the intermediate features, and a layer all-reduces once: the
-routed experts' partial sums and Qwen2-MoE's shared expert's together."""
+routed experts' partial sums and Qwen2-MoE's shared expert's together (GPT-OSS's down bias
+is added on rank 0 only, and each rank holds its heads' attention sinks)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from tests.unit.gpu_worker.test_tensor_parallel import check_tp2_matches_hf, fre
 def test_moe_models_at_tp2_over_gloo_match_hf(tmp_path: Path) -> None:
     model_dirs = [
         build_tiny_model(tmp_path / arch, arch, seed=5)
-        for arch in ("mixtral", "qwen3_moe", "qwen2_moe")
+        for arch in ("mixtral", "qwen3_moe", "qwen2_moe", "gpt_oss")
     ]
     prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
     check_tp2_matches_hf(model_dirs, prompts)
