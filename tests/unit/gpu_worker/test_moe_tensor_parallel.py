@@ -85,7 +85,9 @@ def _layer_worker(rank: int, port: int, queue) -> None:
                 outputs.append(moe(x))
             counts.append(len(reduces))
         dist.all_reduce = real_all_reduce
-        queue.put((rank, outputs, counts))
+        # plain lists: a tensor would travel as a shared-memory handle that dies with this
+        # process, which may exit before the parent reads it
+        queue.put((rank, [out.tolist() for out in outputs], counts))
         dist.barrier()
     finally:
         destroy_tensor_parallel()
@@ -113,7 +115,7 @@ def test_a_moe_layer_with_a_shared_expert_all_reduces_once_at_tp2() -> None:
     for rank, (outputs, counts) in results.items():
         assert counts == [1, 1], f"rank {rank} all-reduced {counts} times per forward"
         for out, want in zip(outputs, expected, strict=True):
-            torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(torch.tensor(out), want, rtol=1e-5, atol=1e-5)
 
 
 def test_the_layer_refuses_a_shared_expert_that_reduces_itself() -> None:
