@@ -19,6 +19,9 @@ from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 from pagedserve.services.gpu_worker.platforms import get_platform
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
+# kept as stored whatever the model's dtype (DeepSeek-V3's router bias steers a choice that a
+# bf16 rounding of it can change; the model holds it in float32)
+FLOAT32_WEIGHTS = ("e_score_correction_bias",)
 
 
 def load_config(model_dir: Path) -> PretrainedConfig:
@@ -48,7 +51,8 @@ def iterate_weights(
     for path in tqdm(files, desc="loading weights", unit="file", disable=not show_progress):
         with safe_open(str(path), framework="pt") as handle:
             for name in handle.keys():  # noqa: SIM118 (safe_open is not a dict)
-                yield name, handle.get_tensor(name).to(dtype)
+                tensor = handle.get_tensor(name)
+                yield name, tensor if name.endswith(FLOAT32_WEIGHTS) else tensor.to(dtype)
 
 
 def load_model(

@@ -111,8 +111,8 @@ class ModelRunner:
         )
         # the sampler rows of the worst step the memory profile runs
         self.max_num_seqs = max_num_seqs or SchedulerConfig().max_num_seqs
-        layout = KVCacheLayout(
-            self.model.num_layers, self.block_size, self.model.num_kv_heads,
+        layout = KVCacheLayout.from_specs(
+            self.model.kv_cache_specs(), self.block_size, self.model.num_kv_heads,
             self.model.head_dim, self.dtype,
         )  # fmt: skip
         self.num_blocks = cache_config.num_blocks

@@ -235,9 +235,10 @@ class StackedExperts(nn.Module):
 
 class FusedMoE(nn.Module):
     """The MoE MLP of a decoder layer, named as the checkpoints name it: `gate` (the router),
-    `experts`, and Qwen2-MoE's `shared_expert` with its `shared_expert_gate`. GPT-OSS adds
-    a router bias (`router_bias`), expert biases (`expert_bias`) and its own activation
-    (`act_and_mul`, which replaces `hidden_act`'s)."""
+    `experts`, and Qwen2-MoE's `shared_expert` with its `shared_expert_gate` (DeepSeek's
+    shared experts have no gate). GPT-OSS adds a router bias (`router_bias`), expert biases
+    (`expert_bias`) and its own activation (`act_and_mul`, which replaces `hidden_act`'s);
+    DeepSeek-V3 its `e_score_correction_bias` (`correction_bias`)."""
 
     def __init__(
         self,
@@ -251,6 +252,8 @@ class FusedMoE(nn.Module):
         router_bias: bool = False,
         expert_bias: bool = False,
         act_and_mul: nn.Module | None = None,  # [n, 2I] -> [n, I]; None: hidden_act's
+        shared_expert_gated: bool = True,  # Qwen2-MoE's sigmoid gate; DeepSeek adds it plain
+        correction_bias: bool = False,  # DeepSeek-V3's e_score_correction_bias [E]
     ) -> None:
         super().__init__()
         routing.check(num_experts)
@@ -265,7 +268,11 @@ class FusedMoE(nn.Module):
         self.act_and_mul = act_and_mul or activation_and_mul(hidden_act)
         self.compute_experts = ExpertsOp()
         self.shared_expert = shared_expert
-        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if shared_expert else None
+        gated = shared_expert is not None and shared_expert_gated
+        self.shared_expert_gate = ReplicatedLinear(hidden_size, 1) if gated else None
+        self.e_score_correction_bias = (
+            nn.Parameter(torch.zeros(num_experts, dtype=torch.float32)) if correction_bias else None
+        )
 
     def activation_bytes(self, num_tokens: int) -> int:
         """The most this layer holds at once beyond its weights in a `num_tokens` step: the
@@ -285,8 +292,11 @@ class FusedMoE(nn.Module):
         return routing + workspace + shared
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
-        weights, ids = select_experts(self.gate(x), self.routing)
+        weights, ids = select_experts(self.gate(x), self.routing, self.e_score_correction_bias)
         out = self.compute_experts(x, self.experts, weights, ids, self.act_and_mul)
-        if self.shared_expert is not None:  # partial sums both: sigmoid(x wg) is replicated
+        # the shared expert's partial sum joins the routed experts' (a gate is replicated)
+        if self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        elif self.shared_expert is not None:
+            out = out + self.shared_expert(x)
         return all_reduce(out)  # the layer's one all-reduce

@@ -31,6 +31,28 @@ def _copy_checked(param: torch.Tensor, loaded: torch.Tensor, name: str) -> None:
     param.data.copy_(loaded)
 
 
+class ReplicatedLinear(nn.Module):
+    """y = x W^T (+ b) with the whole W on every rank (MLA's down-projections)."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(output_size, input_size))
+        self.weight.weight_loader = self.weight_loader
+        self.linear_method: BaseLinearMethod = PLAIN_LINEAR  # a platform may swap it
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(output_size))
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(
+        self, param: nn.Parameter, loaded: torch.Tensor, shard_id: object = None
+    ) -> None:
+        _copy_checked(param, loaded, "replicated weight")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.linear_method.apply(x, self.weight, self.bias)
+
+
 class ColumnParallelLinear(nn.Module):
     """y = x W^T (+ b), W split by rows (output features) across ranks."""
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pagedserve.services.gpu_worker.models.deepseek_v2 import (
+    DeepseekV2ForCausalLM,
+    DeepseekV3ForCausalLM,
+)
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
@@ -30,6 +34,8 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "MixtralForCausalLM": MixtralForCausalLM,
     "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
     "Qwen2MoeForCausalLM": Qwen2MoeForCausalLM,
+    "DeepseekV2ForCausalLM": DeepseekV2ForCausalLM,
+    "DeepseekV3ForCausalLM": DeepseekV3ForCausalLM,
     "GptOssForCausalLM": GptOssForCausalLM,
 }
 
@@ -49,6 +55,8 @@ _MODEL_TYPES = {
     "mixtral": "MixtralForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
+    "deepseek_v2": "DeepseekV2ForCausalLM",
+    "deepseek_v3": "DeepseekV3ForCausalLM",
     "gpt_oss": "GptOssForCausalLM",
 }
 

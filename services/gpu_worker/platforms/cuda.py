@@ -39,7 +39,7 @@ class CudaPlatform(BasePlatform):
         )  # fmt: skip
         torch.cuda.synchronize(self.device)
         peak = torch.cuda.max_memory_allocated(self.device)
-        throwaway = sum(k.numel() * k.element_size() * 2 for k, _ in kv_caches)
+        throwaway = layout.allocated_bytes(kv_caches[0][0].shape[0])
         del kv_caches
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory

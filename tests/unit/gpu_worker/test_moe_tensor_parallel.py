@@ -135,3 +135,15 @@ def test_qwen2_moe_layer_calls_all_reduce_once(monkeypatch: pytest.MonkeyPatch) 
     with torch.inference_mode():
         build_layer(full_layer_weights(seed=2))(torch.randn(5, LAYER["hidden"]))
     assert asks == [1]
+
+
+@pytest.mark.slow
+def test_deepseek_at_tp2_over_gloo_matches_hf(tmp_path: Path) -> None:
+    """MLA at TP=2: each rank holds half the heads of q_b_proj/q_proj, kv_b_proj and o_proj,
+    and the whole latent cache; the shared experts' partial sums join the routed experts'
+    in the layer's one all-reduce."""
+    model_dirs = [
+        build_tiny_model(tmp_path / arch, arch, seed=6) for arch in ("deepseek_v2", "deepseek_v3")
+    ]
+    prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
+    check_tp2_matches_hf(model_dirs, prompts)

@@ -31,7 +31,9 @@ def check_long_prompts(tmp_path: Path, arch: str) -> None:
         assert_matches_hf(result.token_ids, ref, f"{arch}, {len(prompt)}-token prompt")
 
 
-@pytest.mark.parametrize("arch", ["mixtral", "qwen3_moe", "qwen2_moe"])
+@pytest.mark.parametrize(
+    "arch", ["mixtral", "qwen3_moe", "qwen2_moe", "deepseek_v2", "deepseek_v3"]
+)
 def test_moe_architecture_matches_transformers(tmp_path, arch):
     check_architecture(tmp_path, arch)
     check_long_prompts(tmp_path, arch)
