@@ -91,6 +91,7 @@ V2, V3 = (DeepseekV2ForCausalLM, DeepseekV2Config), (DeepseekV3ForCausalLM, Deep
         (V3, {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
         (V2, {"n_routed_experts": None}, "n_routed_experts None"),
         (V3, {"n_group": 3}, "n_group=3"),
+        (V3, {"quantization_config": {"quant_method": "fp8"}}, "quant_method 'fp8'"),
         (V3, {"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "type 'mrope'"),
     ],
 )
