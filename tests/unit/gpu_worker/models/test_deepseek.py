@@ -108,8 +108,9 @@ def test_unsupported_features_are_refused_by_name(model, fields, named) -> None:
 )
 @pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
 def test_deepseek_on_cuda_through_triton_matches_transformers(tmp_path: Path, arch: str) -> None:
-    """The engine on CUDA in fp32 (Triton kernels in MLA's geometry, 16-token blocks: the
-    kernels' least), chunked prefill, against HF greedy on the CPU."""
+    """The engine on CUDA in fp32 with the triton backend chosen (MLA attends through the
+    torch one; the warm-up must not launch the Triton kernels in its geometry), 16-token
+    blocks, chunked prefill, against HF greedy on the CPU."""
     model_dir = build_tiny_model(tmp_path / arch, arch)
     engine = LLMEngine(
         model_dir, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512),
