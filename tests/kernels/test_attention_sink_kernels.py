@@ -1,7 +1,8 @@
 """Attention sinks (GPT-OSS: a learned logit per query head in the softmax's denominator) in
 the Triton decode (single pass and split) and prefill kernels under the interpreter, and in
-the CPU backend's eager path, against the plain-torch reference; with and without a sliding
-window, whose slid-out blocks are poisoned (a kernel that read one would produce NaN)."""
+the CPU backend's eager and fused forms, against the plain-torch reference; with and without
+a sliding window, whose slid-out blocks are poisoned (a kernel that read one would produce
+NaN)."""
 
 from __future__ import annotations
 
@@ -68,8 +69,12 @@ def test_prefill_with_sinks_matches_the_reference(window, dtype) -> None:
     torch.testing.assert_close(out, expected, **TOLERANCES[dtype])
 
 
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("window", [None, 24])
-def test_the_cpu_eager_path_with_sinks_matches_the_reference(window) -> None:
+@pytest.mark.parametrize("with_sinks", [False, True])
+def test_the_cpu_paths_with_sinks_match_the_reference(window, fused, with_sinks) -> None:
+    """`attention/windowed.py`'s eager form and its fused one (flash attention's log-sum-exp
+    rescaled by each head's sink)."""
     seq_lens, query_lens = [120, 70, 1, 45], [40, 70, 1, 1]
     case = make_paged_case(seq_lens, query_lens, NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE,
                            F32)  # fmt: skip
@@ -77,10 +82,10 @@ def test_the_cpu_eager_path_with_sinks_matches_the_reference(window) -> None:
     metadata = build_attention_metadata(
         seq_lens, query_lens, tables.tolist(), BLOCK_SIZE, torch.device("cpu")
     )
-    sinks = sinks_for(F32)
+    sinks = sinks_for(F32) if with_sinks else None
     out = windowed_attention(
         case.query, case.poisoned_k_cache, case.poisoned_v_cache, metadata, case.scale, window,
-        None, sinks,
+        None, sinks, fused=fused,
     )  # fmt: skip
     expected = reference_prefill(
         case.query, case.k_cache, case.v_cache, case.block_tables, case.query_start_loc,
