@@ -123,7 +123,8 @@ def deepseek_mlp(config: Any, index: int) -> nn.Module:
     shared = None
     if num_shared:
         shared_size = config.moe_intermediate_size * num_shared
-        shared = GatedMLP(config.hidden_size, shared_size, act, bias=bias)
+        # unreduced: FusedMoE adds its partial sum to the routed experts' before one reduce
+        shared = GatedMLP(config.hidden_size, shared_size, act, bias=bias, reduce_results=False)
     return FusedMoE(
         config.hidden_size,
         config.moe_intermediate_size,
