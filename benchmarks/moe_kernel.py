@@ -10,6 +10,7 @@ step must read (the distinct experts chosen x 3 * H * I elements).
 
     python -m benchmarks.moe_kernel [--tokens 1,16,64,256,1024,4096] [--out-dir DIR]
     python -m benchmarks.moe_kernel --smoke   # tiny shapes, Triton interpreter on CPU
+    python -m benchmarks.moe_kernel --sweep   # also time each of SWEEP_TILES, report the best
 
 --smoke runs every code path on the CPU under TRITON_INTERPRET=1 (set before the import):
 its timings are NOT GPU numbers. Without CUDA and without --smoke it exits with status 2.
@@ -34,6 +35,14 @@ SHAPES = {  # name: (hidden, intermediate, experts, top_k), one rank's experts a
     "deepseek-v2-lite": (2048, 1408, 64, 6),
 }
 SMOKE_SHAPES = {"tiny": (64, 48, 8, 2)}
+# (block_m, block_n, block_k, num_warps, num_stages) tried by --sweep
+SWEEP_TILES = [
+    (16, 64, 64, 4, 3), (16, 64, 128, 4, 4), (16, 128, 64, 4, 4), (16, 32, 128, 4, 4),
+    (16, 64, 256, 8, 3), (32, 64, 64, 4, 3), (32, 128, 64, 4, 4), (64, 64, 64, 4, 3),
+    (64, 128, 64, 8, 3), (64, 128, 64, 4, 4), (128, 128, 64, 8, 3), (128, 64, 64, 4, 4),
+    (128, 256, 64, 8, 3),
+]  # fmt: skip
+SMOKE_SWEEP_TILES = [(16, 16, 16, 4, 1), (32, 32, 16, 4, 1)]
 
 
 def build_step(shape: tuple[int, int, int, int], num_tokens: int, dtype, device):
@@ -69,8 +78,10 @@ def time_ms(call, repeats: int, device: torch.device) -> float:
 
 
 @torch.inference_mode()
-def measure(name: str, shape, num_tokens: int, dtype, device, repeats: int) -> dict[str, Any]:
-    from pagedserve.kernels.fused_moe import fused_experts
+def measure(
+    name: str, shape, num_tokens: int, dtype, device, repeats: int, sweep_tiles: list
+) -> dict[str, Any]:
+    from pagedserve.kernels.fused_moe import Tiles, fused_experts
     from pagedserve.services.gpu_worker.layers.activation import activation_and_mul
     from pagedserve.services.gpu_worker.layers.fused_moe import grouped_experts
 
@@ -83,22 +94,37 @@ def measure(name: str, shape, num_tokens: int, dtype, device, repeats: int) -> d
     ok = torch.allclose(kernel().float(), native().float(), rtol=tolerance, atol=tolerance)
     kernel_ms = time_ms(kernel, repeats, device)
     native_ms = time_ms(native, repeats, device)
+    swept: dict[str, float | None] = {}
+    for tiles in sweep_tiles:
+        call = lambda tiles=tiles: fused_experts(x, w13, w2, weights, ids, Tiles(*tiles))
+        try:
+            swept[str(tiles)] = round(time_ms(call, repeats, device), 4)
+        except Exception as error:  # Triton's OutOfResources: more shared memory than an SM's
+            print(f"{name} {num_tokens} {tiles}: {type(error).__name__}", flush=True)
+            swept[str(tiles)] = None
     hidden, intermediate, _, top_k = shape
     flops = 2 * num_tokens * top_k * 3 * hidden * intermediate
     weight_bytes = int(ids.unique().numel()) * 3 * hidden * intermediate * x.element_size()
-    return {
+    row = {
         "shape": name, "tokens": num_tokens, "ok": ok,
         "kernel_ms": round(kernel_ms, 4), "torch_ms": round(native_ms, 4),
         "speedup": round(native_ms / kernel_ms, 2),
         "kernel_tflops": round(flops / kernel_ms / 1e9, 1),
         "kernel_weight_gbs": round(weight_bytes / kernel_ms / 1e6, 0),
     }  # fmt: skip
+    timed = {tiles: ms for tiles, ms in swept.items() if ms is not None}
+    if timed:
+        best = min(timed, key=timed.get)
+        row.update(best_tiles=best, best_ms=swept[best], swept=swept)
+    return row
 
 
 def markdown(rows: list[dict[str, Any]], device_name: str, dtype: str, smoke: bool) -> str:
     note = " (Triton interpreter on CPU: timings are NOT GPU numbers)" if smoke else ""
     head = ["shape", "tokens", "kernel_ms", "torch_ms", "speedup", "kernel_tflops",
             "kernel_weight_gbs", "ok"]  # fmt: skip
+    if rows and "best_tiles" in rows[0]:
+        head += ["best_tiles", "best_ms"]
     lines = [
         f"# Fused-MoE kernel vs torch grouping, {device_name}, {dtype}{note}",
         "",
@@ -120,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shapes", default=",".join(SHAPES))
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--sweep", action="store_true", help="also time every tile config")
     p.add_argument("--out-dir", default="benchmarks/results")
     args = p.parse_args(argv)
     if args.smoke:
@@ -136,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     for name, shape in shapes.items():
         for num_tokens in tokens:
-            rows.append(measure(name, shape, num_tokens, dtype, device, args.repeats))
+            sweep = (SMOKE_SWEEP_TILES if args.smoke else SWEEP_TILES) if args.sweep else []
+            rows.append(measure(name, shape, num_tokens, dtype, device, args.repeats, sweep))
             print(json.dumps(rows[-1]), flush=True)
     stem = "moe_kernel_cpu_interpreter" if args.smoke else f"moe_kernel_{args.dtype}"
     out_dir = Path(args.out_dir)

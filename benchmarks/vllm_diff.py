@@ -17,6 +17,11 @@ agree to ~3e-5 between the two). Streams are compared as their concatenated text
 finish reason. Differences listed in README's vLLM compatibility section as deliberate are
 still reported, tagged `documented`.
 
+After the corpus, both servers' /metrics are compared family by family
+(`metric_families.py`): which `vllm:` families each exposes, their types, label names and
+histogram bucket bounds. Families that do not apply to pagedserve are listed, with why, in
+`DOCUMENTED_METRIC_DIFFERENCES` and README's vLLM compatibility section.
+
 A key that is null on one side and absent on the other is no difference: the `openai` client
 reads both as None (vLLM sends its extensions, e.g. `kv_transfer_params`, as nulls). Streams
 are compared as a client reads them: the concatenated text, each choice's finish and stop
@@ -40,6 +45,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from benchmarks.metric_families import diff_families, families, markdown_lines
 
 FLOAT_TOLERANCE = 1e-4
 VOLATILE_KEYS = frozenset({"id", "created", "system_fingerprint", "root", "owned_by"})
@@ -317,8 +324,16 @@ def compare_corpus(urls: tuple[str, str]) -> list[dict[str, Any]]:
     return results
 
 
-def run(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """Start what is not already running (`--pagedserve-url`, `--vllm-url`), then compare."""
+def compare_metrics(urls: tuple[str, str]) -> dict[str, Any]:
+    """Both servers' `vllm:` metric families (after the corpus, so that every histogram has
+    samples) and their differences (`metric_families.py`)."""
+    ours, theirs = (families(httpx.get(f"{url}/metrics", timeout=30).text) for url in urls)
+    return {"ours": ours, "theirs": theirs, "differences": diff_families(ours, theirs)}
+
+
+def run(args: argparse.Namespace) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Start what is not already running (`--pagedserve-url`, `--vllm-url`), then compare
+    the answers to the corpus, then the metric families."""
     logs = Path(args.log_dir)
     logs.mkdir(parents=True, exist_ok=True)
     servers, urls = [], [args.pagedserve_url, args.vllm_url]
@@ -333,21 +348,25 @@ def run(args: argparse.Namespace) -> list[dict[str, Any]]:
                 urls[i] = f"http://127.0.0.1:{port}"
                 servers.append(start(port))
                 wait_ready(urls[i], servers[-1], args.startup_timeout)
-        return compare_corpus((urls[0], urls[1]))
+        results = compare_corpus((urls[0], urls[1]))
+        return results, compare_metrics((urls[0], urls[1]))
     finally:
         for server in servers:
             server.terminate()
             server.wait(timeout=60)
 
 
-def totals(results: list[dict[str, Any]]) -> dict[str, int]:
+def totals(results: list[dict[str, Any]], metrics: dict[str, Any] | None = None) -> dict:
+    """Counts over the answers; `undocumented` also counts undocumented metric differences."""
     differing = [d for r in results for d in r["differences"]]
-    undocumented = [d for d in differing if not d["documented"]]
+    metric_differences = metrics["differences"] if metrics else []
+    undocumented = [d for d in [*differing, *metric_differences] if not d["documented"]]
     fields = sum(r["fields"] for r in results)
     return {"requests": len(results), "identical_requests":
             sum(not r["differences"] for r in results), "fields": fields,
             "identical_fields": fields - len(differing), "differing_fields": len(differing),
-            "documented": len(differing) - len(undocumented),
+            "metric_differences": len(metric_differences),
+            "documented": len(differing) + len(metric_differences) - len(undocumented),
             "undocumented": len(undocumented)}  # fmt: skip
 
 
@@ -387,19 +406,22 @@ def main(argv: list[str] | None = None) -> int:
         None in (args.vllm_url, args.pagedserve_url) and args.model is None
     ):
         parser.error("give --vllm-python and --model, or the running servers' URLs")
-    results = run(args)
+    results, metrics = run(args)
+    for d in metrics["differences"]:
+        tag = f" (documented: {d['why']})" if d["documented"] else ""
+        print(f"metric {d['family']} {d['aspect']}: ours {d['ours']} vs vLLM {d['theirs']}{tag}")
     for r in results:
         for d in r["differences"]:
             tag = " (documented)" if d["documented"] else ""
             print(f"request {r['request']} {r['label']}: {d['path']}: ours {d['ours']!r:.120} "
                   f"vs vLLM {d['theirs']!r:.120}{tag}")  # fmt: skip
     if args.out:
-        Path(f"{args.out}.json").write_text(
-            json.dumps({"totals": totals(results), "requests": results}, indent=1)
-        )
-        Path(f"{args.out}.md").write_text(markdown(results))
-    print(json.dumps(totals(results)))
-    return 1 if totals(results)["undocumented"] else 0
+        report = {"totals": totals(results, metrics), "requests": results, "metrics": metrics}
+        Path(f"{args.out}.json").write_text(json.dumps(report, indent=1))
+        lines = markdown_lines(metrics["ours"], metrics["theirs"], metrics["differences"])
+        Path(f"{args.out}.md").write_text(markdown(results) + "\n".join(lines) + "\n")
+    print(json.dumps(totals(results, metrics)))
+    return 1 if totals(results, metrics)["undocumented"] else 0
 
 
 if __name__ == "__main__":

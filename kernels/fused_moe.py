@@ -18,6 +18,8 @@ What the wrapper allocates is `workspace_bytes` (the memory profile counts it).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -98,13 +100,35 @@ def tile_product(a, w, acc, UPCAST: tl.constexpr):
     return acc
 
 
-def choose_block_m(num_pairs: int, num_experts: int) -> int:
-    """Rows per block: 16 (tl.dot's least) while an expert averages a few rows (decode),
-    wider blocks once each expert has many rows to share its weight tiles with."""
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """A launch's tile sizes: rows per block (the alignment's block_m), output features and
+    reduction depth per step, and Triton's warps and pipeline stages."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def choose_tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Tiles:
+    """By the rows an expert averages: 16-row blocks (tl.dot's least) for a few (decode), 32
+    for up to 32, and past that 128 x 128 tiles on 8 warps, so that each weight tile read
+    serves many rows. On an H200 in bf16 (`benchmarks/moe_kernel.py --sweep`, 13 configs)
+    128 x 128 x 64 on 8 warps was the fastest at 4096 tokens on all three expert shapes and
+    on Mixtral's from 256 tokens (Mixtral 4096 tokens: 6.6 ms against 8.8 ms with 64 x 64);
+    below, the sub-millisecond timings differed by less than their noise. fp32 operands
+    take twice the registers: 32-wide tiles, 64-row blocks at most."""
     rows_per_expert = num_pairs / num_experts
+    if dtype == torch.float32:
+        block_m = 16 if rows_per_expert <= 16 else 32 if rows_per_expert <= 64 else 64
+        return Tiles(block_m, 32, 32)
     if rows_per_expert <= 16:
-        return 16
-    return 32 if rows_per_expert <= 64 else 64
+        return Tiles(16, 64, 64)
+    if rows_per_expert <= 32:
+        return Tiles(32, 64, 64)
+    return Tiles(128, 128, 64, num_warps=8)
 
 
 def workspace_bytes(
@@ -118,7 +142,7 @@ def workspace_bytes(
     """Bytes `fused_experts` holds at its peak for a step of `num_tokens`: the padded pair order and block experts (int32), hidden [pairs, I], the weighted pair rows
     [pairs, H] and the output [T, H]."""
     num_pairs = num_tokens * top_k
-    block_m = choose_block_m(num_pairs, num_experts)
+    block_m = choose_tiles(num_pairs, num_experts, dtype).block_m
     rows = max_padded_rows(num_pairs, num_experts, block_m)
     item = torch.empty((), dtype=dtype).element_size()
     index_bytes = 4 * (rows + rows // block_m) + 8
@@ -158,6 +182,7 @@ def fused_experts(
     w2: torch.Tensor,  # [E, H, I]
     weights: torch.Tensor,  # [T, k] routing weights
     ids: torch.Tensor,  # [T, k] expert ids in 0..E-1 (not checked on device: that would sync)
+    tiles: Tiles | None = None,  # None: `choose_tiles` (benchmarks/moe_kernel.py sweeps others)
 ) -> torch.Tensor:  # [T, H]
     """sum_j weights[t, j] * down(silu(gate(x[t])) * up(x[t])) of expert ids[t, j]."""
     check_experts(x, w13, w2, weights, ids)
@@ -166,11 +191,12 @@ def fused_experts(
     intermediate = two_i // 2
     if num_tokens == 0:
         return torch.zeros_like(x)
-    aligned = align_pairs(ids, num_experts, choose_block_m(num_tokens * top_k, num_experts))
+    tiles = tiles or choose_tiles(num_tokens * top_k, num_experts, x.dtype)
+    aligned = align_pairs(ids, num_experts, tiles.block_m)
     hidden_rows = x.new_empty(aligned.num_pairs, intermediate)
-    launch(x, w13, hidden_rows, weights, aligned, rows_per_a=top_k, gated=True)
+    launch(x, w13, hidden_rows, weights, aligned, tiles, rows_per_a=top_k, gated=True)
     pair_rows = x.new_empty(aligned.num_pairs, hidden)
-    launch(hidden_rows, w2, pair_rows, weights, aligned, rows_per_a=1, gated=False)
+    launch(hidden_rows, w2, pair_rows, weights, aligned, tiles, rows_per_a=1, gated=False)
     return pair_rows.view(num_tokens, top_k, hidden).sum(dim=1)
 
 
@@ -180,14 +206,14 @@ def launch(
     out: torch.Tensor,
     weights: torch.Tensor,
     aligned: AlignedPairs,
+    tiles: Tiles,
     rows_per_a: int,
     gated: bool,
 ) -> None:
     """One grouped GEMM over the aligned pairs: out [pairs, N] from a's rows and w [E, ., K]."""
     n, k = out.shape[1], a.shape[1]
-    block_n, block_k = (32, 32) if w.dtype == torch.float32 else (64, 64)
     num_blocks = aligned.block_experts.shape[0]
-    grid = (num_blocks, triton.cdiv(n, block_n))
+    grid = (num_blocks, triton.cdiv(n, tiles.block_n))
     expert_gemm_kernel[grid](
         a,
         w,
@@ -208,6 +234,8 @@ def launch(
         SCALE_BY_WEIGHT=not gated,
         UPCAST=upcast_for_dot(w),
         BLOCK_M=aligned.block_m,
-        BLOCK_N=block_n,
-        BLOCK_K=block_k,
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
     )

@@ -48,7 +48,9 @@ def align_pairs(ids: torch.Tensor, num_experts: int, block_m: int) -> AlignedPai
     device = ids.device
     flat = ids.reshape(-1).long()
     num_pairs = flat.numel()
-    counts = torch.bincount(flat, minlength=num_experts)[:num_experts]  # [E]
+    # a scatter-add, not bincount: bincount on CUDA reads the largest id back to the host
+    counts = torch.zeros(num_experts, dtype=torch.long, device=device)
+    counts.scatter_add_(0, flat, torch.ones_like(flat))  # [E]
     padded_end = ((counts + block_m - 1) // block_m * block_m).cumsum(0)  # [E]
     padded_start = padded_end - (counts + block_m - 1) // block_m * block_m
     order = flat.argsort(stable=True)  # pairs grouped by expert, in pair order within one

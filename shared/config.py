@@ -52,8 +52,14 @@ class CacheConfig:
     # tokens the widest layer's window spans when every layer attends within one (the workers
     # report it); blocks before a request's window are given back. None: full attention
     sliding_window: int | None = None
+    # --kv-cache-metrics: the fraction of blocks followed for residency metrics; 0.0: off
+    kv_cache_metrics_sample: float = 0.0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.kv_cache_metrics_sample <= 1:
+            raise ValueError(
+                f"kv_cache_metrics_sample must be in [0, 1], got {self.kv_cache_metrics_sample}"
+            )
         if self.block_size is not None and (
             self.block_size < 1 or self.block_size & (self.block_size - 1)
         ):

@@ -10,7 +10,9 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass, field
 
-ITERATION_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+from pagedserve.shared.metric_buckets import ITERATION_TOKENS_BUCKETS
+
+ITERATION_TOKEN_BUCKETS = ITERATION_TOKENS_BUCKETS
 
 
 @dataclass(slots=True)

@@ -237,6 +237,7 @@ class TokenDelta:
     num_prompt_tokens: int = 0
     num_output_tokens: int = 0  # total so far
     num_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    num_preemptions: int = 0  # times the engine preempted it so far
     stop_token_id: int | None = None  # the stop token id that ended it, if any
     prompt_logprobs: PromptLogprobs | None = None  # once, with the first token, when asked
     beams: list[BeamOutput] | None = None  # beam search: the n best, best first, at the end

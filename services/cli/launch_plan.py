@@ -38,6 +38,8 @@ class ServeOptions:
     scheduling_policy: str = "fcfs"
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+    kv_cache_metrics: bool = False  # KV block residency histograms (vLLM's)
+    kv_cache_metrics_sample: float = 0.01
     host: str = LOOPBACK
     port: int = 8000
     num_gateways: int = 1
@@ -123,6 +125,8 @@ def scheduler_spec(
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "max_model_len": options.max_model_len,
         "no_prefix_caching": not options.enable_prefix_caching,
+        "kv_cache_metrics": options.kv_cache_metrics,
+        "kv_cache_metrics_sample": options.kv_cache_metrics_sample,
         "worker_recovery_timeout": options.worker_recovery_timeout,
         "step_timeout": options.step_timeout,
     })  # fmt: skip

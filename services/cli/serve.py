@@ -41,7 +41,8 @@ SERVE_OPTIONS = (
     "model", "served_model_name", "tensor_parallel_size", "dtype", "device",
     "attention_backend", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
     "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching", "scheduling_policy",
-    "num_speculative_tokens", "speculative_max_num_seqs",
+    "num_speculative_tokens", "speculative_max_num_seqs", "kv_cache_metrics",
+    "kv_cache_metrics_sample",
     use("host", help="gateway bind address (default: loopback)"), "port", "num_gateways",
     "api_key",
     use("redis_url", default=None, env_aliases=("REDIS_URL",),
@@ -99,7 +100,11 @@ def _check_bounds(o: ServeOptions) -> None:
     if o.api_key == "":
         problems.append("--api-key must not be empty (leave it out to turn auth off)")
     try:
-        CacheConfig(block_size=o.block_size, gpu_memory_utilization=o.gpu_memory_utilization)
+        CacheConfig(
+            block_size=o.block_size,
+            gpu_memory_utilization=o.gpu_memory_utilization,
+            kv_cache_metrics_sample=o.kv_cache_metrics_sample if o.kv_cache_metrics else 0.0,
+        )
         SchedulerConfig(
             max_num_seqs=o.max_num_seqs,
             max_num_batched_tokens=o.max_num_batched_tokens,

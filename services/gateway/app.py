@@ -266,6 +266,7 @@ class GatewayRoutes:
             want_logprobs, self.info, output, prompt_views(parsed, prompts, self.info),
             options.n, options.logprobs or 0,
             mode=parsed.mode if isinstance(parsed, ChatRequest) else PLAIN_TEXT,
+            on_tool_parse=self.metrics.requests.tool_parser_invoked,
         )  # fmt: skip
         await session.submit()
         try:

@@ -20,8 +20,15 @@ from pagedserve.services.gateway.metrics import GatewayMetrics
 from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
 from pagedserve.services.gateway.replay_guard import ReplayMismatch
 from pagedserve.services.gateway.request_builder import beam_leaders
+from pagedserve.services.gateway.request_metrics import FinishedChoice
 from pagedserve.services.gateway.response_formatter import Usage
-from pagedserve.shared.protocol import ERROR_ENGINE, BeamOutput, GenerateRequest, TokenDelta
+from pagedserve.shared.protocol import (
+    ERROR_ENGINE,
+    ERROR_QUEUE_FULL,
+    BeamOutput,
+    GenerateRequest,
+    TokenDelta,
+)
 
 
 @dataclass(slots=True)
@@ -59,7 +66,9 @@ class CompletionSession:
             self.client.open_stream(request.request_id, self.queue)
         try:
             await self.client.submit(beam_leaders(self.requests, self.n))
-        except APIError:
+        except APIError as exc:
+            if exc.code == ERROR_QUEUE_FULL:  # the gateway's --max-pending-requests
+                self.metrics.requests.rejected()
             self._close_streams()
             raise
 
@@ -121,54 +130,60 @@ class CompletionSession:
             index = self.index_of.get(delta.request_id)
             if index is not None:  # the engine already dropped it: nothing to abort
                 self.processors[index].finish_reason = "error"
-            self.metrics.finished("error")
+            self.metrics.requests.finished(self.client.engine_of(delta.request_id), "error")
+            if delta.error_code == ERROR_QUEUE_FULL:  # an engine's --max-waiting
+                self.metrics.requests.rejected()
             raise from_engine(delta.error, delta.error_code)
 
     def _observe(self, index: int, delta: TokenDelta, update: ChoiceUpdate) -> None:
         now = time.monotonic()
         timing = self.timings[index]
+        metrics = self.metrics.requests
+        engine = self.client.engine_of(delta.request_id)
         if delta.token_ids:
             if timing.last_token_at == 0.0:
-                self.metrics.ttft.observe(now - timing.arrival)
+                metrics.first_token(engine, now - timing.arrival)
                 timing.first_token_wall = time.time()
             else:
-                self.metrics.itl.observe(now - timing.last_token_at)
+                metrics.token_gap(engine, now - timing.last_token_at)
             timing.last_token_at = now
         if update.finish_reason is not None:
-            processor = self.processors[index]
-            self.metrics.e2e.observe(now - timing.arrival)
-            self.metrics.prompt_tokens.inc(len(self.requests[index].prompt_token_ids))
-            self.metrics.generation_tokens.inc(processor.num_output_tokens)
-            self.metrics.finished(update.finish_reason)
             timing.finish_wall = time.time()
-            self._observe_request(self.requests[index], processor, timing)
-            self._spawn(self._observe_engine_times(self.requests[index], timing))
+            metrics.finished(engine, update.finish_reason)
+            metrics.completed(self._finished_choice(index, engine, delta), now - timing.arrival)
+            self._spawn(self._observe_engine_times(self.requests[index], engine, timing))
 
-    def _observe_request(
-        self, request: GenerateRequest, processor: ChoiceProcessor, timing: ChoiceTiming
-    ) -> None:
-        metrics = self.metrics
-        metrics.request_prompt_tokens.observe(len(request.prompt_token_ids))
-        metrics.request_generation_tokens.observe(processor.num_output_tokens)
-        metrics.request_params_n.observe(self.n)
-        metrics.request_params_max_tokens.observe(request.sampling.max_tokens)
-        metrics.request_max_num_generation_tokens.observe(request.sampling.max_tokens)
-        metrics.prompt_tokens_cached.inc(processor.num_cached_tokens)
+    def _finished_choice(self, index: int, engine: str, delta: TokenDelta) -> FinishedChoice:
+        request, timing = self.requests[index], self.timings[index]
+        processor = self.processors[index]
+        decode_s = None
         if timing.first_token_wall > 0:
             decode_s = max(0.0, timing.finish_wall - timing.first_token_wall)
-            metrics.decode_time.observe(decode_s)
-            if processor.num_output_tokens > 1:
-                metrics.time_per_output_token.observe(decode_s / (processor.num_output_tokens - 1))
+        return FinishedChoice(
+            engine=engine,
+            num_prompt_tokens=len(request.prompt_token_ids),
+            num_cached_tokens=processor.num_cached_tokens,
+            num_generation_tokens=processor.num_output_tokens,
+            num_preemptions=delta.num_preemptions,
+            n=self.n,
+            max_tokens=request.sampling.max_tokens,
+            decode_s=decode_s,
+        )
 
-    async def _observe_engine_times(self, request: GenerateRequest, timing: ChoiceTiming) -> None:
+    async def _observe_engine_times(
+        self, request: GenerateRequest, engine: str, timing: ChoiceTiming
+    ) -> None:
         """Queue, prefill and inference times start when the engine first scheduled it."""
         scheduled_at = await self.client.scheduled_at(request.request_id)
         if scheduled_at <= 0:
             return
-        self.metrics.queue_time.observe(max(0.0, scheduled_at - request.arrival_time))
         first_token = timing.first_token_wall or timing.finish_wall  # max_tokens 0: none
-        self.metrics.prefill_time.observe(max(0.0, first_token - scheduled_at))
-        self.metrics.inference_time.observe(max(0.0, timing.finish_wall - scheduled_at))
+        self.metrics.requests.engine_times(
+            engine,
+            queue_s=max(0.0, scheduled_at - request.arrival_time),
+            prefill_s=max(0.0, first_token - scheduled_at),
+            inference_s=max(0.0, timing.finish_wall - scheduled_at),
+        )
 
     def _spawn(self, coro: object) -> None:
         task = asyncio.ensure_future(coro)  # type: ignore[arg-type]
@@ -194,10 +209,11 @@ class CompletionSession:
             for r, p in zip(self.requests, self.processors, strict=True)
             if p.finish_reason is None
         ]
+        engines = [self.client.engine_of(request_id) for request_id in running]
         self._close_streams()
         if running:
-            for _ in running:
-                self.metrics.finished("abort")
+            for engine in engines:
+                self.metrics.requests.finished(engine, "abort")
             await self.client.abort(running, reason)
 
     def _close_streams(self) -> None:
@@ -213,5 +229,6 @@ def _beam_delta(request_id: str, beam: BeamOutput, delta: TokenDelta) -> TokenDe
         num_prompt_tokens=delta.num_prompt_tokens,
         num_output_tokens=len(beam.token_ids) + (beam.stop_token_id is not None),
         num_cached_tokens=delta.num_cached_tokens,
+        num_preemptions=delta.num_preemptions,
         stop_token_id=beam.stop_token_id,
     )

@@ -100,6 +100,7 @@ class EngineClient:
             retry_on_error=[RedisConnectionError],
         )
         self._streams: dict[str, asyncio.Queue[TokenDelta]] = {}
+        self._engine_of: dict[str, str] = {}  # request id -> the engine of its last output
         self._submitted: dict[
             str, GenerateRequest
         ] = {}  # open ones, to re-queue if Redis lost them
@@ -137,7 +138,12 @@ class EngineClient:
 
     def close_stream(self, request_id: str) -> None:
         self._streams.pop(request_id, None)
+        self._engine_of.pop(request_id, None)
         self._submitted.pop(request_id, None)
+
+    def engine_of(self, request_id: str) -> str:
+        """The engine whose outputs a request's stream last received ("" before any)."""
+        return self._engine_of.get(request_id, "")
 
     @property
     def num_open_streams(self) -> int:
@@ -273,6 +279,7 @@ class EngineClient:
             if queue is None:
                 self.num_dropped_deltas += 1
                 continue
+            self._engine_of[delta.request_id] = batch.engine_id
             queue.put_nowait(delta)
 
     async def _watch_engines(self) -> None:

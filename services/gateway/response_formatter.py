@@ -5,11 +5,17 @@ token ids, usage in every chunk."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from pagedserve.services.gateway.logprob_formatter import chat_logprobs, completion_logprobs
-from pagedserve.services.gateway.output_modes import PLAIN_TEXT, ChoiceStream, OutputMode
+from pagedserve.services.gateway.output_modes import (
+    PLAIN_TEXT,
+    ChoiceStream,
+    HermesToolCalls,
+    OutputMode,
+)
 from pagedserve.services.gateway.output_processor import ChoiceProcessor, ChoiceUpdate
 from pagedserve.services.gateway.prompt_logprobs import (
     echo_completion_logprobs,
@@ -56,6 +62,8 @@ class ResponseFormatter:
     n: int = 1  # choices per prompt
     logprobs_k: int = 0
     mode: OutputMode = PLAIN_TEXT  # how a chat output becomes a message (text, tool calls)
+    # told (streaming, a call found) each time the Hermes parser reads an output or a delta
+    on_tool_parse: Callable[[bool, bool], None] | None = None
     _started: set[int] = field(default_factory=set)  # choices whose first chunk went out
     _streams: dict[int, ChoiceStream] = field(default_factory=dict)  # per streamed chat choice
 
@@ -68,6 +76,10 @@ class ResponseFormatter:
             "choices": choices,
             "system_fingerprint": None,  # as vLLM: the key is there, no fingerprint
         }
+
+    def _tool_parsed(self, streaming: bool, called: bool) -> None:
+        if self.on_tool_parse is not None and isinstance(self.mode, HermesToolCalls):
+            self.on_tool_parse(streaming, called)
 
     def _prompt(self, index: int) -> PromptView:
         return self.prompts[index // self.n] if self.prompts else PromptView([])
@@ -114,6 +126,7 @@ class ResponseFormatter:
         if self.kind == "chat":
             stream = self._streams.get(index) or self._streams.setdefault(index, self.mode.stream())
             piece = stream.feed(update.text, update.finish_reason)
+            self._tool_parsed(True, piece is not None and "tool_calls" in piece.delta)
             if piece is None:
                 return None
             delta, reason = piece.delta, piece.finish_reason
@@ -185,6 +198,7 @@ class ResponseFormatter:
         reason = processor.finish_reason
         if self.kind == "chat":
             message, reason = self.mode.message(text, reason)
+            self._tool_parsed(False, "tool_calls" in message)
             choice: dict[str, Any] = {"index": index, "message": message}
         else:
             choice = {"index": index, "text": text}

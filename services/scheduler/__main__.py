@@ -26,7 +26,8 @@ SCHEDULER_OPTIONS = (
     use("max_model_len", help="default: the smallest the workers report"),
     "max_waiting", "policy", "num_speculative_tokens", "speculative_max_num_seqs",
     use("block_size", help="default: what the workers report (their device's default)"),
-    "no_prefix_caching", "worker_timeout", "step_timeout", "drain_timeout",
+    "no_prefix_caching", "kv_cache_metrics", "kv_cache_metrics_sample", "worker_timeout",
+    "step_timeout", "drain_timeout",
     "worker_recovery_timeout",
 )  # fmt: skip
 
@@ -60,7 +61,11 @@ def main(argv: list[str] | None = None) -> int:
                 speculative_max_num_seqs=args.speculative_max_num_seqs,
             ),
             cache_config=CacheConfig(
-                block_size=args.block_size, enable_prefix_caching=not args.no_prefix_caching
+                block_size=args.block_size,
+                enable_prefix_caching=not args.no_prefix_caching,
+                kv_cache_metrics_sample=args.kv_cache_metrics_sample
+                if args.kv_cache_metrics
+                else 0.0,
             ),
             tensor_parallel_size=args.tensor_parallel_size,
             worker_timeout_s=args.worker_timeout,

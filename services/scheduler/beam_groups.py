@@ -181,6 +181,8 @@ class BeamGroups:
             num_prompt_tokens=group.root.num_prompt_tokens,
             num_output_tokens=len(best[0].output_token_ids),
             num_cached_tokens=max(group.root.num_cached_tokens, 0),
+            # the beams are preempted one by one: the most any of the last ones was
+            num_preemptions=max((b.num_preemptions for b in group.beams), default=0),
             stop_token_id=best[0].stop_token_id,
             beams=outputs,
         )

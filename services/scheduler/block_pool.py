@@ -12,6 +12,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from pagedserve.services.scheduler.block_residency import BlockResidency
 from pagedserve.services.scheduler.cache_changes import CacheChangeLog
 from pagedserve.shared.block_hash import DIGEST_SIZE
 
@@ -105,6 +106,7 @@ class BlockPool:
         self.cached_blocks: dict[bytes, KVBlock] = {}  # block digest -> block holding that KV
         # what the cache map gained and lost since last published (cache_publisher.py)
         self.changes = CacheChangeLog(limit=2 * num_blocks)
+        self.residency: BlockResidency | None = None  # --kv-cache-metrics
 
     @property
     def num_free_blocks(self) -> int:
@@ -124,6 +126,9 @@ class BlockPool:
         for _ in range(num_blocks):
             block = self.free_queue.popleft()
             self._evict(block)
+            if self.residency is not None:
+                self.residency.evicted(block.block_id)
+                self.residency.allocated(block.block_id)
             block.ref_count = 1
             new_blocks.append(block)
         return new_blocks
@@ -134,6 +139,8 @@ class BlockPool:
             if block.ref_count == 0:
                 self.free_queue.remove(block)
             block.ref_count += 1
+            if self.residency is not None:
+                self.residency.accessed(block.block_id)
 
     def free_blocks(self, blocks: Iterable[KVBlock]) -> None:
         """Drop one reference on each block, in the order given: blocks reaching zero join the
@@ -162,6 +169,8 @@ class BlockPool:
             block.block_hash = None
         self.cached_blocks.clear()
         self.changes.cleared()
+        if self.residency is not None:
+            self.residency.reset()
 
     def check_integrity(self, tables: Iterable[list[KVBlock]]) -> None:
         """Raise AssertionError naming the first broken invariant: refcounts equal to the

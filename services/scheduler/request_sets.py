@@ -105,6 +105,7 @@ class RequestSets:
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=request.num_output_tokens,
             num_cached_tokens=max(request.num_cached_tokens, 0),
+            num_preemptions=request.num_preemptions,
             **delta_fields,
         )
 

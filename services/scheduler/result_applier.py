@@ -44,6 +44,7 @@ class ResultApplier:
         self.num_drafts = 0
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
+        self.accepted_per_pos: list[int] = []  # drafts accepted at each draft position
         self.iteration_tokens = IterationHistogram()  # tokens per step, for metrics
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[TokenDelta]:
@@ -118,7 +119,12 @@ class ResultApplier:
         if num_drafts:
             self.num_drafts += 1
             self.num_draft_tokens += num_drafts
-            self.num_accepted_tokens += min(num_accepted, num_drafts)
+            accepted = min(num_accepted, num_drafts)
+            self.num_accepted_tokens += accepted
+            if len(self.accepted_per_pos) < accepted:
+                self.accepted_per_pos.extend([0] * (accepted - len(self.accepted_per_pos)))
+            for position in range(accepted):  # drafts are accepted as a prefix
+                self.accepted_per_pos[position] += 1
 
     def _append(
         self, request: Request, tokens: list[int], index: int, result: StepResult
@@ -201,4 +207,5 @@ def _token_delta(request: Request, shown: list[int], index: int, result: StepRes
         num_prompt_tokens=num_prompt,
         num_output_tokens=len(request.all_token_ids) - num_prompt,
         num_cached_tokens=max(request.num_cached_tokens, 0),
+        num_preemptions=request.num_preemptions,
     )

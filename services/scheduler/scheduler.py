@@ -17,6 +17,7 @@ from collections import deque
 from collections.abc import Iterable
 
 from pagedserve.services.scheduler.beam_groups import BeamGroups
+from pagedserve.services.scheduler.block_residency import BlockResidency
 from pagedserve.services.scheduler.errors import RequestRejectedError
 from pagedserve.services.scheduler.finish_rules import FINISH_ABORT
 from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
@@ -61,6 +62,8 @@ class Scheduler:
             cache_config.enable_prefix_caching,
             cache_config.sliding_window,
         )
+        if cache_config.kv_cache_metrics_sample > 0:
+            kv.pool.residency = BlockResidency(cache_config.kv_cache_metrics_sample)
         waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
         self._sets = RequestSets(kv, waiting)
         self._beams = BeamGroups(self._sets, scheduler_config.max_model_len)
@@ -102,6 +105,11 @@ class Scheduler:
     def iteration_tokens(self) -> IterationHistogram:
         """Tokens per step (for metrics)."""
         return self._applier.iteration_tokens
+
+    @property
+    def spec_accepted_per_pos(self) -> list[int]:
+        """Drafts accepted at each draft position so far (for metrics)."""
+        return self._applier.accepted_per_pos
 
     # -- requests in and out -------------------------------------------------------------------
 

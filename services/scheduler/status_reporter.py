@@ -23,6 +23,7 @@ from pagedserve.services.scheduler.outbox import Outbox
 from pagedserve.services.scheduler.redis_io import RedisIO
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.stats import SchedulerStats
+from pagedserve.services.scheduler.status_metrics import metric_fields
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.shared.status import EngineStatus
@@ -88,6 +89,7 @@ class StatusReporter:
             scheduling_s=self._clock.scheduling_s,
             step_in_flight_s=self._clock.in_flight_s,
             worker_execute_s=self._clock.worker_execute_s,
+            **metric_fields(self._scheduler),
         )
 
     def _workers_alive(self) -> bool:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.kernels.fused_moe import choose_block_m, fused_experts
+from pagedserve.kernels.fused_moe import Tiles, choose_tiles, fused_experts
 from pagedserve.kernels.reference import experts_reference
 from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
 
@@ -102,9 +102,22 @@ def test_a_block_spanning_many_tokens_of_one_expert():
     w13, w2 = random_experts(8, seed=1)
     ids = torch.stack([torch.full((num_tokens,), 5), torch.arange(num_tokens) % 2], dim=1)
     weights = torch.rand(num_tokens, 2)
-    assert choose_block_m(2 * num_tokens, 8) < num_tokens
+    assert choose_tiles(2 * num_tokens, 8, torch.float32).block_m < num_tokens
     torch.testing.assert_close(
         fused_experts(x, w13, w2, weights, ids),
+        experts_reference(x, w13, w2, weights, ids),
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+@pytest.mark.parametrize("tiles", [Tiles(16, 16, 16), Tiles(32, 64, 16, 8, 2)])
+def test_other_tiles_give_the_same_result(tiles):
+    """The tile sizes a sweep tries (benchmarks/moe_kernel.py --sweep) change no result."""
+    x, weights, ids = routed(23, 8, Routing(2, renormalize=True), False, seed=5)
+    w13, w2 = random_experts(8, seed=5)
+    torch.testing.assert_close(
+        fused_experts(x, w13, w2, weights, ids, tiles),
         experts_reference(x, w13, w2, weights, ids),
         rtol=1e-5,
         atol=1e-5,

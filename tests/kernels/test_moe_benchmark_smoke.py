@@ -27,13 +27,14 @@ def run_benchmark(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_smoke_run_writes_a_table_of_agreeing_results(tmp_path: Path) -> None:
-    result = run_benchmark("--smoke", "--out-dir", str(tmp_path))
+    result = run_benchmark("--smoke", "--sweep", "--out-dir", str(tmp_path))
     assert result.returncode == 0, result.stderr
     table = (tmp_path / "moe_kernel_cpu_interpreter.md").read_text()
     assert "NOT GPU numbers" in table
     rows = json.loads((tmp_path / "moe_kernel_cpu_interpreter.json").read_text())["rows"]
     assert [row["tokens"] for row in rows] == [1, 19]
     assert all(row["ok"] and row["kernel_ms"] > 0 for row in rows)
+    assert all(len(row["swept"]) == 2 and row["best_ms"] > 0 for row in rows)  # --sweep
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a CPU machine")

@@ -36,9 +36,10 @@ def read_engine_seconds(endpoint: EndpointConfig) -> dict[str, float] | None:
     if response.status_code != 200:
         return None
     values = parse_prometheus_gauges(response.text, tuple(COUNTERS.values()))
-    if len(values) != len(COUNTERS):
+    if any(COUNTERS[key] not in values for key in SECONDS):
         return None
-    return {key: values[name] for key, name in COUNTERS.items()}
+    # the speculation counters show only while an engine speculates (as vLLM's): else 0
+    return {key: values.get(name, 0.0) for key, name in COUNTERS.items()}
 
 
 def engine_time_shares(

@@ -8,7 +8,9 @@ Each expert is a gated MLP; their weights are stacked, `w13` [E, 2I, H] (gate th
 `experts.3.gate_proj`: see `EXPERT_CHECKPOINT_NAME`). Experts are computed grouped: the
 (token, expert) pairs sorted by expert, one product per expert over its rows, never a loop
 over tokens. Under tensor parallelism each rank holds every expert's slice of the
-intermediate features (as `GatedMLP` does) and the partial sums meet in one all-reduce.
+intermediate features (as `GatedMLP` does), and the layer reduces once: the shared
+expert's partial sum (a `GatedMLP(reduce_results=False)`, scaled by its replicated gate) is
+added to the routed experts' before the one all-reduce.
 """
 
 from __future__ import annotations
@@ -106,6 +108,32 @@ class ExpertsOp(CustomOp):
         from pagedserve.kernels.fused_moe import fused_experts
 
         return fused_experts(x, experts.w13_weight, experts.w2_weight, weights, ids)
+
+    def workspace_bytes(
+        self, num_tokens: int, top_k: int, experts: StackedExperts, act_and_mul: nn.Module
+    ) -> int:
+        """Bytes the experts' products of a `num_tokens` step hold at their peak, on the path
+        this op takes for these experts (the memory profile reserves them)."""
+        hidden, intermediate = experts.w2_weight.shape[1], experts.size
+        dtype = experts.w13_weight.dtype
+        if self._impl == self.forward_cuda and kernel_computes(experts, act_and_mul):
+            from pagedserve.kernels.fused_moe import workspace_bytes
+
+            return workspace_bytes(
+                num_tokens, top_k, hidden, intermediate, experts.num_experts, dtype
+            )
+        return native_workspace_bytes(num_tokens, top_k, hidden, intermediate, dtype)
+
+
+def native_workspace_bytes(
+    num_tokens: int, top_k: int, hidden: int, intermediate: int, dtype: torch.dtype
+) -> int:
+    """`grouped_experts` at its peak: the sorted rows, their outputs and the rows back in
+    (token, choice) order [T*k, H] each, the sum [T, H], one expert's gate/up and activation
+    (at most T rows: a token chooses an expert once) and the int64 sort of the pairs."""
+    item = torch.empty((), dtype=dtype).element_size()
+    rows = num_tokens * top_k
+    return item * (3 * rows * hidden + num_tokens * (hidden + 3 * intermediate)) + 16 * rows
 
 
 # the only parameters of experts the fused kernel multiplies: no biases, no other tensors
@@ -219,7 +247,7 @@ class FusedMoE(nn.Module):
         num_experts: int,
         routing: Routing,
         hidden_act: str = "silu",
-        shared_expert: nn.Module | None = None,  # [T, H] -> [T, H], reduced over ranks
+        shared_expert: nn.Module | None = None,  # [T, H] -> [T, H], this rank's partial sum
         *,
         router_bias: bool = False,
         expert_bias: bool = False,
@@ -229,6 +257,11 @@ class FusedMoE(nn.Module):
     ) -> None:
         super().__init__()
         routing.check(num_experts)
+        if shared_expert is not None and getattr(shared_expert, "reduce_results", True):
+            raise ValueError(
+                "the shared expert must return its partial sum (reduce_results=False): "
+                "FusedMoE reduces it with the routed experts' in one all-reduce"
+            )
         self.routing = routing
         self.gate = ReplicatedLinear(hidden_size, num_experts, bias=router_bias)
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size, expert_bias)
@@ -241,12 +274,29 @@ class FusedMoE(nn.Module):
             nn.Parameter(torch.zeros(num_experts, dtype=torch.float32)) if correction_bias else None
         )
 
+    def activation_bytes(self, num_tokens: int) -> int:
+        """The most this layer holds at once beyond its weights in a `num_tokens` step: the
+        router's logits and float32 scores [T, E], the choices, the experts' workspace and
+        the shared expert's gate/up and activation."""
+        item = self.experts.w13_weight.element_size()
+        top_k, num_experts = self.routing.top_k, self.experts.num_experts
+        routing = num_tokens * (num_experts * (item + 8) + top_k * (8 + 4 + item))
+        shared = 0
+        if self.shared_expert is not None:
+            gate_up = getattr(self.shared_expert, "gate_up_proj", None)
+            shared_size = gate_up.weight.shape[0] // 2 if gate_up is not None else 0
+            shared = num_tokens * 3 * shared_size * item
+        workspace = self.compute_experts.workspace_bytes(
+            num_tokens, top_k, self.experts, self.act_and_mul
+        )
+        return routing + workspace + shared
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, H] -> [T, H]
         weights, ids = select_experts(self.gate(x), self.routing, self.e_score_correction_bias)
         out = self.compute_experts(x, self.experts, weights, ids, self.act_and_mul)
-        out = all_reduce(out)  # the one all-reduce of the routed experts
+        # the shared expert's partial sum joins the routed experts' (a gate is replicated)
         if self.shared_expert_gate is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         elif self.shared_expert is not None:
             out = out + self.shared_expert(x)
-        return out
+        return all_reduce(out)  # the layer's one all-reduce

@@ -147,11 +147,17 @@ class QKVParallelLinear(ColumnParallelLinear):
 
 
 class RowParallelLinear(nn.Module):
-    """y = sum over ranks of x_r W_r^T (+ b once), W split by columns (input features)."""
+    """y = sum over ranks of x_r W_r^T (+ b once), W split by columns (input features).
+    With `reduce_results=False` each rank returns its partial sum (the bias on rank 0 only)
+    for a caller that adds more partial sums and reduces them all at once (a MoE layer's
+    shared expert, see `layers/fused_moe.py`)."""
 
-    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, reduce_results: bool = True
+    ) -> None:
         super().__init__()
         self.tp_rank, self.tp_size = get_tp_rank(), get_tp_world_size()
+        self.reduce_results = reduce_results
         self.input_size_per_rank = divide(input_size, self.tp_size, "input features")
         self.weight = nn.Parameter(torch.empty(output_size, self.input_size_per_rank))
         self.weight.weight_loader = self.weight_loader
@@ -174,7 +180,8 @@ class RowParallelLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = self.linear_method.apply(x, self.weight)
-        out = all_reduce(out)
-        if self.bias is not None:
+        if self.reduce_results:
+            out = all_reduce(out)
+        if self.bias is not None and (self.reduce_results or self.tp_rank == 0):
             out = out + self.bias
         return out

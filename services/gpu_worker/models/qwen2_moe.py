@@ -37,8 +37,12 @@ class Qwen2MoeForCausalLM(MoEDecoderLM):
 
 
 def shared_expert(config: Any) -> GatedMLP:
+    """Unreduced: `FusedMoE` adds its partial sum to the routed experts' before one
+    all-reduce."""
     act = config_value(config, "hidden_act", "silu")
-    return GatedMLP(config.hidden_size, config.shared_expert_intermediate_size, act)
+    return GatedMLP(
+        config.hidden_size, config.shared_expert_intermediate_size, act, reduce_results=False
+    )
 
 
 def qwen2_moe_attention(

@@ -8,6 +8,7 @@ import torch
 
 from pagedserve.services.gpu_worker.kv_cache import num_blocks_for_bytes
 from pagedserve.services.gpu_worker.platforms.base import BasePlatform, KVCaches, KVSizing
+from pagedserve.services.gpu_worker.platforms.memory_profile import reserved_bytes
 from pagedserve.services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
 
 
@@ -24,7 +25,8 @@ class CudaPlatform(BasePlatform):
     @torch.inference_mode()
     def num_kv_blocks(self, sizing: KVSizing) -> int:
         """Run the worst step (`warmup.run_worst_step`: a prefill of the token budget and the
-        sampler at max_num_seqs rows) on a throwaway cache; what the peak leaves under the
+        sampler at max_num_seqs rows) on a throwaway cache; what the peak (at least the
+        weights and the largest MoE layer's activations: `memory_profile`) leaves under the
         utilisation cap becomes KV cache."""
         layout = sizing.layout
         num_tokens = min(sizing.max_num_batched_tokens, sizing.max_model_len)
@@ -41,7 +43,8 @@ class CudaPlatform(BasePlatform):
         del kv_caches
         torch.cuda.empty_cache()
         total = torch.cuda.get_device_properties(self.device).total_memory
-        budget = int(total * sizing.cache_config.gpu_memory_utilization) - (peak - throwaway)
+        reserved = reserved_bytes(sizing.model, num_tokens, peak - throwaway)
+        budget = int(total * sizing.cache_config.gpu_memory_utilization) - reserved
         return num_blocks_for_bytes(budget, layout.block_bytes())
 
     def warm_up(

@@ -4,6 +4,7 @@ the gateway keeps serving afterwards; engine errors map to statuses; auth; reque
 from __future__ import annotations
 
 import json
+import re
 import time
 
 import httpx
@@ -121,6 +122,8 @@ def test_engine_errors_get_their_status(gateway, code, status, error_type):
             assert "scripted" in error["message"]
             if status == 503:
                 assert r.headers["retry-after"] == "1"
+        if code == "queue_full":  # an engine's --max-waiting: vLLM's admission rejection
+            assert admission_rejections(c) >= 2
         still_serving(c)
 
 
@@ -137,6 +140,14 @@ def test_engine_error_after_headers_is_a_final_event(gateway):
     assert "".join(texts) == "Hello!"
 
 
+def admission_rejections(client, reason: str = "max_num_queued_reqs") -> float:
+    text = client.get("/metrics").text
+    found = re.search(rf'^vllm:admission_rejections_total{{model_name="[^"]+",reason="{reason}"}}'
+                      r" (\S+)$", text, re.M)  # fmt: skip
+    assert found, f"no admission_rejections sample for {reason} in /metrics"
+    return float(found.group(1))
+
+
 def test_queue_full_is_503_with_retry_after(redis_url, info):
     running = start_gateway(redis_url, info, max_pending_requests=2)
     try:
@@ -149,6 +160,8 @@ def test_queue_full_is_503_with_retry_after(redis_url, info):
             error = error_of(response, 503)
             assert response.headers["retry-after"] == "1"
             assert "2 pending, limit 2" in error["message"] and error["reason"] == "queue_full"
+            assert admission_rejections(c) == 1
+            assert admission_rejections(c, "max_num_queued_tokens") == 0  # no such limit
             r.xdel(stream, *fillers)
             still_serving(c)
         r.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import pytest
@@ -90,6 +91,7 @@ def test_metrics_names_and_values(gateway):
         prefix_cache_queries=100, prefix_cache_hits=40, num_preemptions=1,
         scheduling_s=0.5, step_in_flight_s=9.0, worker_execute_s=8.25,
         spec_num_drafts=4, spec_num_draft_tokens=12, spec_num_accepted_tokens=7,
+        num_speculative_tokens=3, spec_accepted_per_pos="4,2,1",
     ))  # fmt: skip
     with gateway.client() as c:
         c.post("/v1/completions", json={"prompt": "x", "max_tokens": 4})
@@ -97,7 +99,7 @@ def test_metrics_names_and_values(gateway):
         text = eventually(
             # the engine gauges show once the status view has read the record
             lambda: c.get("/metrics").text,
-            lambda t: sample(t, "vllm:num_requests_running") == 3,
+            lambda t: 'vllm:num_requests_running{engine="e1"' in t,
         )
     assert sample(text, "vllm:num_requests_running") == 3
     assert sample(text, "vllm:num_requests_waiting") == 2
@@ -116,8 +118,13 @@ def test_metrics_names_and_values(gateway):
     assert sample(text, "vllm:inter_token_latency_seconds_count") > 0
     assert sample(text, "vllm:prompt_tokens_total") > 0
     assert sample(text, "vllm:generation_tokens_total") >= 4
-    assert 'vllm:request_success_total{finished_reason="length"' in text
-    assert 'vllm:request_success_total{finished_reason="stop"' in text
+    assert re.search(r'^vllm:request_success_total\{engine="[^"]+",finished_reason="length"', text,
+                     re.M)  # fmt: skip
+    assert re.search(r'^vllm:request_success_total\{engine="[^"]+",finished_reason="stop"', text,
+                     re.M)  # fmt: skip
+    per_pos = re.findall(r'^vllm:spec_decode_num_accepted_tokens_per_pos_total\{engine="e1",'
+                         r'model_name="[^"]+",position="(\d)"\} (\S+)$', text, re.M)  # fmt: skip
+    assert per_pos == [("0", "4.0"), ("1", "2.0"), ("2", "1.0")]
     assert "# TYPE vllm:request_queue_time_seconds histogram" in text
 
 

@@ -16,13 +16,22 @@ from tests.integration.gateway.test_health_metrics import publish, sample
 pytestmark = pytest.mark.integration
 
 
+def total(text: str, name: str) -> float:
+    """The sum of `name`'s samples over every label set (engines, sources...)."""
+    values = [float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+              if line.startswith((name + "{", name + " "))]  # fmt: skip
+    if not values:
+        raise AssertionError(f"{name} not in /metrics")
+    return sum(values)
+
+
 def wait_for_sample(client, name: str, value: float, timeout_s: float = 20.0) -> str:
-    """/metrics once `name` reaches `value` (the engine-time histograms are observed after a
-    Redis read that follows the response)."""
+    """/metrics once `name` (summed over its label sets) reaches `value` (the engine-time
+    histograms are observed after a Redis read that follows the response)."""
     deadline = time.monotonic() + timeout_s
     while True:
         text = client.get("/metrics").text
-        if (name in text and sample(text, name) >= value) or time.monotonic() > deadline:
+        if (name in text and total(text, name) >= value) or time.monotonic() > deadline:
             return text
         time.sleep(0.05)
 
@@ -34,19 +43,19 @@ def test_request_histograms(gateway, info):
         c.post("/v1/completions", json={"prompt": "[eos] hi", "max_tokens": 50})
         text = wait_for_sample(c, "vllm:request_inference_time_seconds_count", 3)
     prompt_lens = 2 * len(info.tokenizer.encode("one two")) + len(info.tokenizer.encode("[eos] hi"))
-    assert sample(text, "vllm:request_prompt_tokens_count") == 3
-    assert sample(text, "vllm:request_prompt_tokens_sum") == prompt_lens
-    assert sample(text, "vllm:request_generation_tokens_sum") == 2 * 4 + reply_len + 1
-    assert sample(text, "vllm:request_params_n_sum") == 2 + 2 + 1
-    assert sample(text, "vllm:request_params_max_tokens_sum") == 4 + 4 + 50
-    assert sample(text, "vllm:request_max_num_generation_tokens_sum") == 4 + 4 + 50
+    assert total(text, "vllm:request_prompt_tokens_count") == 3
+    assert total(text, "vllm:request_prompt_tokens_sum") == prompt_lens
+    assert total(text, "vllm:request_generation_tokens_sum") == 2 * 4 + reply_len + 1
+    assert total(text, "vllm:request_params_n_sum") == 2 + 2 + 1
+    assert total(text, "vllm:request_params_max_tokens_sum") == 4 + 4 + 50
+    assert total(text, "vllm:request_max_num_generation_tokens_sum") == 4 + 4 + 50
     cached = 2 * min(3, len(info.tokenizer.encode("one two"))) + 3  # the scripted engine's 3
-    assert sample(text, "vllm:prompt_tokens_cached_total") == cached
-    assert sample(text, "vllm:request_time_per_output_token_seconds_count") == 3
+    assert total(text, "vllm:prompt_tokens_cached_total") == cached
+    assert total(text, "vllm:request_time_per_output_token_seconds_count") == 3
     for phase in ("prefill", "decode", "inference"):
         assert sample(text, f"vllm:request_{phase}_time_seconds_count") == 3, phase
-    inference = sample(text, "vllm:request_inference_time_seconds_sum")
-    decode = sample(text, "vllm:request_decode_time_seconds_sum")
+    inference = total(text, "vllm:request_inference_time_seconds_sum")
+    decode = total(text, "vllm:request_decode_time_seconds_sum")
     assert inference >= decode > 0  # the scripted engine sleeps between tokens
 
 
@@ -62,15 +71,17 @@ def test_iteration_tokens_and_cache_config_from_the_engines(gateway):
         ))  # fmt: skip
     with gateway.client() as c:  # /metrics reads a view of Redis refreshed every 0.25 s
         text = wait_for_sample(c, "vllm:iteration_tokens_total_count", 4)
-    assert sample(text, "vllm:iteration_tokens_total_count") == 4
-    assert sample(text, "vllm:iteration_tokens_total_sum") == 3106
-    buckets = dict(re.findall(r'^vllm:iteration_tokens_total_bucket\{le="([^"]+)",[^}]*\} (\S+)$',
-                              text, re.M))  # fmt: skip
+    assert total(text, "vllm:iteration_tokens_total_count") == 4
+    assert total(text, "vllm:iteration_tokens_total_sum") == 3106
+    buckets = dict(re.findall(r'^vllm:iteration_tokens_total_bucket\{engine="e0",le="([^"]+)",'
+                              r'[^}]*\} (\S+)$', text, re.M))  # fmt: skip
     assert float(buckets["1.0"]) == 1 and float(buckets["8.0"]) == 2
-    assert float(buckets["128.0"]) == 3 and float(buckets["+Inf"]) == 4
-    waiting = dict(re.findall(r'^vllm:num_requests_waiting_by_reason\{[^}]*reason="(\w+)"\} (\S+)$',
-                              text, re.M))  # fmt: skip
-    assert waiting == {"capacity": "5.0", "deferred": "0.0"}
+    assert float(buckets["128.0"]) == 3 and float(buckets["+Inf"]) == 3
+    assert re.search(r'^vllm:iteration_tokens_total_count\{engine="e1",[^}]*\} 1.0$', text, re.M)
+    waiting = re.findall(r'^vllm:num_requests_waiting_by_reason\{engine="(\w+)",[^}]*'
+                         r'reason="(\w+)"\} (\S+)$', text, re.M)  # fmt: skip
+    assert sorted(waiting) == [("e0", "capacity", "2.0"), ("e0", "deferred", "0.0"),
+                               ("e1", "capacity", "3.0"), ("e1", "deferred", "0.0")]  # fmt: skip
     infos = re.findall(r"^vllm:cache_config_info\{([^}]*)\} 1\.0$", text, re.M)
     assert len(infos) == 2
     assert all('block_size="16"' in labels for labels in infos)

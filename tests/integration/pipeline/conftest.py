@@ -91,7 +91,11 @@ class Pipeline:
 
 
 def add_engine(
-    pipeline: Pipeline, engine_id: str, tensor_parallel_size: int = 1, *extra: str
+    pipeline: Pipeline,
+    engine_id: str,
+    tensor_parallel_size: int = 1,
+    *extra: str,
+    num_blocks: int = NUM_BLOCKS,
 ) -> Engine:
     plan_port, result_port, master_port = free_port(), free_port(), free_port()
     scheduler = scheduler_process(
@@ -104,7 +108,7 @@ def add_engine(
         worker_process(
             f"worker-{engine_id}-{rank}", pipeline.model_dir, plan_port, result_port,
             "--rank", str(rank), "--tensor-parallel-size", str(tensor_parallel_size),
-            "--master-port", str(master_port), "--num-blocks", str(NUM_BLOCKS),
+            "--master-port", str(master_port), "--num-blocks", str(num_blocks),
             "--scheduler-timeout", "5",
         ).start()
         for rank in range(tensor_parallel_size)

@@ -143,6 +143,22 @@ def test_an_explicit_token_budget_reaches_the_scheduler_and_every_worker() -> No
     assert [c.max_num_batched_tokens for c in configs] == [1024, 1024, 1024]
 
 
+@pytest.mark.parametrize(
+    ("argv", "want"),
+    [((), (False, 0.01)), (("--kv-cache-metrics",), (True, 0.01)),
+     (("--kv-cache-metrics", "--kv-cache-metrics-sample", "0.5"), (True, 0.5))],
+)  # fmt: skip
+def test_the_kv_cache_metrics_flags_reach_the_scheduler(argv, want) -> None:
+    plan = plan_launch(parse(*argv), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    args = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+    assert (args.kv_cache_metrics, args.kv_cache_metrics_sample) == want
+
+
+def test_a_kv_cache_metrics_sample_outside_0_1_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"kv-cache-metrics-sample must be in \[0, 1\], got 2\.0"):
+        parse("--kv-cache-metrics", "--kv-cache-metrics-sample", "2")
+
+
 def test_an_explicit_block_size_reaches_the_scheduler_and_every_worker() -> None:
     options = parse("--tensor-parallel-size", "2", "--block-size", "32")
     plan = plan_launch(options, "/models/m", "redis://127.0.0.1:7001/0", PORTS)

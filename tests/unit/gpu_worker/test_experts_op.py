@@ -66,7 +66,7 @@ def test_the_cuda_form_runs_the_kernel_and_matches_native(routing, num_tokens, k
 
 
 def test_the_shared_expert_is_added_on_the_kernel_path(kernel_calls):
-    shared = GatedMLP(HIDDEN, 64, "silu")
+    shared = GatedMLP(HIDDEN, 64, "silu", reduce_results=False)
     x = torch.randn(5, HIDDEN)
     native = with_form(loaded_moe(Routing(2), shared_expert=shared), "native")(x)
     cuda = with_form(loaded_moe(Routing(2), shared_expert=shared), "cuda")(x)
@@ -82,7 +82,9 @@ def test_the_op_built_on_a_cuda_default_device_takes_the_cuda_form():
 
 def expert_bias(moe: FusedMoE) -> None:
     """An expert bias as GPT-OSS's experts have one (what the kernel does not add)."""
-    moe.experts.w13_bias = nn.Parameter(torch.zeros(moe.experts.num_experts, 2 * INTERMEDIATE))
+    torch.manual_seed(1)
+    moe.experts.w13_bias = nn.Parameter(torch.randn(moe.experts.num_experts, 2 * INTERMEDIATE))
+    moe.experts.w2_bias = nn.Parameter(torch.randn(moe.experts.num_experts, HIDDEN))
 
 
 def gelu_experts(moe: FusedMoE) -> None:

@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 
 from pagedserve.services.scheduler.ngram_proposer import propose_ngram
+from pagedserve.services.scheduler.status_metrics import metric_fields
 from pagedserve.shared.protocol import StructuredOutput
 from tests.unit.scheduler.helpers import FakeWorker, make_request, make_scheduler
 
@@ -71,6 +72,12 @@ def test_outputs_are_those_of_one_token_per_step(model, num_speculative_tokens):
     assert 0 < stats.spec_num_accepted_tokens <= stats.spec_num_draft_tokens
     if model is sometimes_off_model:
         assert stats.spec_num_accepted_tokens < stats.spec_num_draft_tokens
+    # per draft position (vLLM's _per_pos): a prefix is accepted, so the counts never rise
+    fields = metric_fields(scheduler)
+    per_pos = [int(c) for c in str(fields["spec_accepted_per_pos"]).split(",")]
+    assert len(per_pos) == fields["num_speculative_tokens"] == num_speculative_tokens
+    assert sum(per_pos) == stats.spec_num_accepted_tokens
+    assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] > 0
     assert len(plans) < 30  # 30 tokens each in fewer steps than one token per step takes
     assert scheduler.kv.num_free_blocks == 64  # every block given back
 

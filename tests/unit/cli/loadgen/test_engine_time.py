@@ -96,3 +96,13 @@ def test_an_unreachable_server_gives_none() -> None:
     with metrics_server([(200, "")]) as endpoint:
         pass  # closed: nothing listens on its port any more
     assert read_engine_seconds(endpoint) is None
+
+
+def test_an_engine_that_does_not_speculate_reads_zero_drafts() -> None:
+    """The speculation counters show only while an engine speculates (as vLLM's)."""
+    body = "".join(line + "\n" for line in exposition(4.0, 5.0, 0.5).splitlines()
+                   if not line.startswith("vllm:spec_decode"))  # fmt: skip
+    with metrics_server([(200, body)]) as endpoint:
+        reading = read_engine_seconds(endpoint)
+    assert reading == {"execute": 4.0, "in_flight": 5.0, "scheduling": 0.5,
+                       "draft_tokens": 0.0, "accepted_tokens": 0.0}  # fmt: skip
