@@ -127,9 +127,9 @@ class ModelRunner:
 
     def triton_attention_shape(self) -> AttentionShape | None:
         """This rank's attention geometry when the Triton kernels serve it, else None."""
-        if self.attention_backend != "triton":
-            return None
         attn = self.model.layers[0].self_attn
+        if self.attention_backend != "triton" or attn.attn.name != "triton":
+            return None  # (MLA layers attend through the torch backend)
         return AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, self.block_size)
 
     # ------------------------------------------------------------------ steps

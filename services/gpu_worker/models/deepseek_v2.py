@@ -14,7 +14,8 @@ compressed KV cache) and a mixture of experts with shared experts added plainly.
   0.1 * mscale_all_dim * ln(factor) + 1), and the rotary cos/sin carry yarn's attention factor.
 - The rotary dimensions are interleaved pairs (V3 where `rope_interleave`, V2 always).
 
-The multi-token-prediction layers V3 checkpoints carry past `num_hidden_layers` are skipped.
+The multi-token-prediction layers V3 checkpoints carry past `num_hidden_layers` are skipped;
+quantized checkpoints (V3's FP8 release: `quantization_config`) are refused.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from pagedserve.services.gpu_worker.models.decoder_base import (
     config_value,
     refuse,
 )
+from pagedserve.services.gpu_worker.models.gpt_oss import refuse_quantized
 from pagedserve.services.gpu_worker.models.moe_base import MoEDecoderLM
 from pagedserve.shared.kv_cache_spec import KVCacheSpec
 
@@ -139,6 +141,7 @@ def check_supported(config: Any) -> None:
     """Refuse, naming it, what this implementation does not serve."""
     if config.model_type not in _ROUTING:
         refuse(config, f"model_type {config.model_type!r}", "deepseek_v2, deepseek_v3")
+    refuse_quantized(config)  # V3's released weights are FP8 blocks with scales
     if not config_value(config, "n_routed_experts", 0):
         refuse(config, "n_routed_experts None (a DeepSeek model with no experts)", "experts")
     if config.model_type == "deepseek_v3" and config.n_routed_experts % config_value(

@@ -20,7 +20,8 @@ from pagedserve.shared.kv_cache_spec import KVCacheSpec
 
 
 class BaseCausalLM(nn.Module, ABC):
-    """A decoder-only language model over a paged KV cache, one (K, V) pair per layer."""
+    """A decoder-only language model over a paged KV cache, one (K, V) pair per layer (a
+    latent layer's one tensor twice: `KVCacheSpec.is_latent`)."""
 
     config: Any
 

@@ -14,6 +14,7 @@ from transformers import DeepseekV2Config, DeepseekV3Config
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
 from pagedserve.services.gpu_worker.kv_cache import KVCacheLayout
+from pagedserve.services.gpu_worker.model_loader import load_model
 from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.gpu_worker.models.deepseek_v2 import (
     DeepseekV2ForCausalLM,
@@ -91,6 +92,7 @@ V2, V3 = (DeepseekV2ForCausalLM, DeepseekV2Config), (DeepseekV3ForCausalLM, Deep
         (V3, {"scoring_func": "softmax"}, "scoring_func 'softmax'"),
         (V2, {"n_routed_experts": None}, "n_routed_experts None"),
         (V3, {"n_group": 3}, "n_group=3"),
+        (V3, {"quantization_config": {"quant_method": "fp8"}}, "quant_method 'fp8'"),
         (V3, {"rope_parameters": {"rope_type": "mrope", "rope_theta": 1e4}}, "type 'mrope'"),
     ],
 )
@@ -107,8 +109,9 @@ def test_unsupported_features_are_refused_by_name(model, fields, named) -> None:
 )
 @pytest.mark.parametrize("arch", ["deepseek_v2", "deepseek_v3"])
 def test_deepseek_on_cuda_through_triton_matches_transformers(tmp_path: Path, arch: str) -> None:
-    """The engine on CUDA in fp32 (Triton kernels in MLA's geometry, 16-token blocks: the
-    kernels' least), chunked prefill, against HF greedy on the CPU."""
+    """The engine on CUDA in fp32 with the triton backend chosen (MLA attends through the
+    torch one; the warm-up must not launch the Triton kernels in its geometry), 16-token
+    blocks, chunked prefill, against HF greedy on the CPU."""
     model_dir = build_tiny_model(tmp_path / arch, arch)
     engine = LLMEngine(
         model_dir, SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512),
@@ -119,3 +122,28 @@ def test_deepseek_on_cuda_through_triton_matches_transformers(tmp_path: Path, ar
     prompts = random_prompts(PROMPT_LENGTHS, seed=0)
     for prompt, result in zip(prompts, engine.generate(prompts, GREEDY), strict=True):
         assert_matches_hf(result.token_ids, hf_greedy(hf, prompt, MAX_TOKENS), f"{arch} cuda")
+
+
+def test_dense_and_expert_layers_follow_first_k_dense_replace_and_moe_layer_freq() -> None:
+    """DeepSeek's rule: experts from layer first_k_dense_replace on, where index % freq == 0."""
+    cfg = config(DeepseekV2Config, num_hidden_layers=6, first_k_dense_replace=1)
+    object.__setattr__(cfg, "moe_layer_freq", 2)
+    model = DeepseekV2ForCausalLM(cfg, TorchAttentionBackend)
+    kinds = [type(layer.mlp).__name__ for layer in model.layers]
+    assert kinds == ["GatedMLP", "GatedMLP", "FusedMoE", "GatedMLP", "FusedMoE", "GatedMLP"]
+
+
+def test_v3_router_bias_loads_in_float32_under_a_bf16_model(tmp_path: Path) -> None:
+    """The correction bias steers the choice by small differences: it keeps the checkpoint's
+    float32 values when the model is loaded in bf16."""
+    from safetensors import safe_open
+
+    model_dir = build_tiny_model(tmp_path / "v3", "deepseek_v3")
+    model = load_model(model_dir, TorchAttentionBackend, torch.bfloat16, torch.device("cpu"),
+                       show_progress=False)  # fmt: skip
+    with safe_open(str(model_dir / "model.safetensors"), framework="pt") as f:
+        stored = f.get_tensor("model.layers.1.mlp.gate.e_score_correction_bias")
+    bias = model.layers[1].mlp.e_score_correction_bias
+    assert bias.dtype == torch.float32 and stored.dtype == torch.float32
+    assert torch.equal(bias, stored)
+    assert model.layers[1].mlp.gate.weight.dtype == torch.bfloat16
