@@ -7,7 +7,8 @@ Steps, each a subprocess with its own log and a share of the budget (a step that
 runs out of time does not stop the next):
 - kernel_oracle: tests/kernels/test_cuda_oracle.py, the compiled kernels in bf16 and fp16
   against a float64 oracle (decode single-pass and split, prefill, extend, mixed steps on
-  both prefill grids); tests/kernels/test_cuda_moe_oracle.py, the fused-MoE kernel likewise.
+  both prefill grids); tests/kernels/test_cuda_moe_oracle.py, the fused-MoE kernel likewise, and
+  test_cuda_moe_models.py, tiny MoE models served on it against HF.
 - kernel_bench: benchmarks/kernels.py, achieved bandwidth against the measured copy
   bandwidth (goal: decode at batch 64, context 2048, head_dim 128 >= 70% of copy), and a
   mixed step timed on the flat grid and on the padded grid it replaced.
@@ -113,6 +114,7 @@ def build_steps(out_dir: Path, model: str) -> list[CheckStep]:
                 "no:cacheprovider",
                 "tests/kernels/test_cuda_oracle.py",
                 "tests/kernels/test_cuda_moe_oracle.py",
+                "tests/kernels/test_cuda_moe_models.py",
                 f"--junitxml={out_dir / 'kernel_oracle.xml'}",
             ],
             0.20,
