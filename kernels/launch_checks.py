@@ -139,9 +139,10 @@ def output_like(query: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
     return out
 
 
-def sinks_in_base_2(sinks: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
-    """Attention sinks [num_heads] checked against the query, as the kernels read them:
-    contiguous fp32 logits times log2(e) (their scores live in the exp2 domain); None: none."""
+def checked_sinks(sinks: torch.Tensor | None, query: torch.Tensor) -> torch.Tensor | None:
+    """Attention sinks [num_heads], contiguous on the query's device, as the kernels read them
+    (in any float dtype: they widen and scale by log2(e) in-kernel, so a call pays no extra
+    launch); None: none."""
     if sinks is None:
         return None
     if sinks.shape != (query.shape[1],) or sinks.device != query.device:
@@ -149,4 +150,6 @@ def sinks_in_base_2(sinks: torch.Tensor | None, query: torch.Tensor) -> torch.Te
             f"sinks must be [num_heads={query.shape[1]}] on {query.device}, got "
             f"{tuple(sinks.shape)} on {sinks.device}"
         )
-    return (sinks.float() * 1.4426950408889634).contiguous()
+    if not sinks.is_contiguous() or not sinks.is_floating_point():
+        raise ValueError(f"sinks must be contiguous floats, got {sinks.dtype}")
+    return sinks

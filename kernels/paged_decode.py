@@ -29,11 +29,11 @@ from pagedserve.kernels.launch_checks import (
     check_device,
     check_index,
     check_query,
+    checked_sinks,
     decode_num_warps,
     next_power_of_2,
     num_multiprocessors,
     output_like,
-    sinks_in_base_2,
     tile_size,
     upcast_for_dot,
 )
@@ -61,7 +61,7 @@ def paged_decode_kernel(
     v_cache_ptr,  # [N, BS, Hkv, D], stride 1 in D
     block_tables_ptr,  # [B, max_blocks] int32
     seq_lens_ptr,  # [B] int32, >= 1
-    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
+    sinks_ptr,  # SINKS: [Hq] sink logits (natural log); else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
     window,  # WINDOWED: the new token sees its last `window` keys, itself included
     softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
@@ -161,7 +161,8 @@ def paged_decode_kernel(
         tl.store(lse_ptrs, lse, mask=g < GROUP)
     else:
         if SINKS:
-            sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0)
+            sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0).to(tl.float32)
+            sinks = sinks * 1.4426950408889634  # log2(e): scores live in the exp2 domain
             out = normalised_with_sinks(acc, m_i, l_i, sinks)
         else:
             out = acc / l_i[:, None]
@@ -174,7 +175,7 @@ def paged_decode_reduce_kernel(
     out_ptr,  # [B, Hq, D]
     partial_ptr,  # [B, Hq, S, D] fp32, contiguous
     lse_ptr,  # [B, Hq, S] fp32, contiguous; -inf for splits without keys
-    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
+    sinks_ptr,  # SINKS: [Hq] sink logits (natural log); else unused
     stride_ob,
     stride_oh,
     num_splits,  # S: a runtime value, so one compiled variant serves every S up to SPLITS_PAD
@@ -193,7 +194,7 @@ def paged_decode_reduce_kernel(
     # The split holding the new token always holds keys, so the max is finite.
     m = tl.max(lse, 0)
     if SINKS:  # the head's sink logit joins the denominator once, over all splits
-        sink = tl.load(sinks_ptr + head)
+        sink = tl.load(sinks_ptr + head).to(tl.float32) * 1.4426950408889634
         m = tl.maximum(m, sink)
     weights = tl.exp2(lse - m)  # [SPLITS_PAD]
     denominator = tl.sum(weights, 0)
@@ -296,7 +297,7 @@ def paged_decode_attention(
     `out`, if given, receives the result. seq_lens must be >= 1 and fit the block table (not
     checked on device: that would sync)."""
     check_decode_args(query, k_cache, v_cache, block_tables, seq_lens)
-    sinks_log2 = sinks_in_base_2(sinks, query)
+    sinks_checked = checked_sinks(sinks, query)
     if num_splits is not None and num_splits < 1:
         raise ValueError(f"num_splits must be >= 1, got {num_splits}")
     (num_seqs, num_heads, head_dim), (num_kv_heads, block_size) = query.shape, k_cache.shape[2:0:-1]
@@ -314,19 +315,19 @@ def paged_decode_attention(
     )
     paged_decode_kernel[(num_seqs, num_kv_heads, num_splits)](
         target, lse, query, k_cache, v_cache, block_tables, seq_lens,
-        query if sinks_log2 is None else sinks_log2, scale * LOG2_E,
+        query if sinks_checked is None else sinks_checked, scale * LOG2_E,
         sliding_window or 0, (softcap or 1.0) * LOG2_E, tiles_per_split, *query.stride()[:2], *target_strides, *lse_strides,
         *k_cache.stride()[:3], *v_cache.stride()[:3], block_tables.stride(0),
         GROUP=group, GROUP_PAD=max(MIN_DOT_DIM, next_power_of_2(group)),
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=tile_n, SPLIT=split, UPCAST=upcast_for_dot(query),
         WINDOWED=sliding_window is not None, SOFTCAP=softcap is not None,
-        SINKS=sinks_log2 is not None, num_warps=decode_num_warps(query.dtype, query.device),
+        SINKS=sinks_checked is not None, num_warps=decode_num_warps(query.dtype, query.device),
     )  # fmt: skip
     if split:
         paged_decode_reduce_kernel[(num_seqs, num_heads)](
-            out, target, lse, lse if sinks_log2 is None else sinks_log2, *out.stride()[:2],
+            out, target, lse, lse if sinks_checked is None else sinks_checked, *out.stride()[:2],
             num_splits, SPLITS_PAD=next_power_of_2(num_splits), HEAD_DIM=head_dim,
-            HEAD_PAD=next_power_of_2(head_dim), SINKS=sinks_log2 is not None,
+            HEAD_PAD=next_power_of_2(head_dim), SINKS=sinks_checked is not None,
         )  # fmt: skip
     return out

@@ -32,9 +32,9 @@ from pagedserve.kernels.launch_checks import (
     check_device,
     check_index,
     check_query,
+    checked_sinks,
     next_power_of_2,
     output_like,
-    sinks_in_base_2,
     tile_size,
     upcast_for_dot,
 )
@@ -57,7 +57,7 @@ def paged_prefill_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32: cached prefix + new tokens
     work_items_ptr,  # [W, 2] int32 (sequence, query tile), with FLAT_GRID; else unused
-    sinks_ptr,  # SINKS: [Hq] fp32 sink logits * log2(e); else unused
+    sinks_ptr,  # SINKS: [Hq] sink logits (natural log); else unused
     scale_log2,  # softmax scale * log2(e): scores live in the exp2 domain
     window,  # WINDOWED: a row at p sees keys p - window < k <= p
     softcap_log2,  # SOFTCAP: the logit soft-cap * log2(e)
@@ -161,7 +161,8 @@ def paged_prefill_kernel(
     )
 
     if SINKS:
-        sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0)
+        sinks = tl.load(sinks_ptr + heads, mask=g < GROUP, other=0.0).to(tl.float32)
+        sinks = sinks * 1.4426950408889634  # log2(e): scores live in the exp2 domain
         out = normalised_with_sinks(acc, m_i, l_i, sinks)
     else:
         out = acc / l_i[:, None]
@@ -309,7 +310,7 @@ def paged_prefill_attention(
     `max_query_len` (computed with a sync when not given). `out`, if given, receives the
     result. `sliding_window`, `softcap`, `sinks`: as `kernels.reference`'s twin."""
     check_prefill_args(query, k_cache, v_cache, block_tables, query_start_loc, seq_lens, grid)
-    sinks_log2 = sinks_in_base_2(sinks, query)
+    sinks_checked = checked_sinks(sinks, query)
     num_tokens, num_heads, head_dim = query.shape
     num_seqs, (num_kv_heads, block_size) = seq_lens.shape[0], k_cache.shape[2:0:-1]
     out = output_like(query, out)
@@ -330,7 +331,7 @@ def paged_prefill_attention(
     paged_prefill_kernel[launch_grid](
         out, query, k_cache, v_cache, block_tables, query_start_loc, seq_lens,
         work_items if grid == "flat" else seq_lens,  # unused without FLAT_GRID
-        query if sinks_log2 is None else sinks_log2,  # unused without SINKS
+        query if sinks_checked is None else sinks_checked,  # unused without SINKS
         scale * LOG2_E, sliding_window or 0, (softcap or 1.0) * LOG2_E,
         *query.stride()[:2], *out.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
         block_tables.stride(0),
@@ -338,6 +339,6 @@ def paged_prefill_attention(
         HEAD_DIM=head_dim, HEAD_PAD=max(MIN_DOT_DIM, next_power_of_2(head_dim)),
         BLOCK_SIZE=block_size, TILE_N=max(tile, block_size), UPCAST=upcast_for_dot(query),
         FLAT_GRID=grid == "flat", WINDOWED=sliding_window is not None,
-        SOFTCAP=softcap is not None, SINKS=sinks_log2 is not None,
+        SOFTCAP=softcap is not None, SINKS=sinks_checked is not None,
     )  # fmt: skip
     return out

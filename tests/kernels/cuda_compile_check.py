@@ -30,8 +30,11 @@ CUOBJDUMP = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuob
 SHAPE = {"HEAD_DIM": 128, "HEAD_PAD": 128, "BLOCK_SIZE": 16}
 
 
-def signature(fn, pointer_types: dict[str, str], constexprs: dict[str, object]) -> ASTSource:
-    """What a launch with 16-byte aligned tensors and strides divisible by 16 specialises to."""
+def signature(
+    fn, pointer_types: dict[str, str], constexprs: dict[str, object], also_aligned=()
+) -> ASTSource:
+    """What a launch with 16-byte aligned tensors and strides divisible by 16 specialises to
+    (`also_aligned`: more arguments divisible by 16)."""
     names = fn.arg_names
     types = {}
     for name in names:
@@ -43,7 +46,9 @@ def signature(fn, pointer_types: dict[str, str], constexprs: dict[str, object]) 
     aligned = [
         n
         for n in names
-        if n.endswith("_ptr") or n.startswith(("stride_k", "stride_v", "stride_q", "stride_o"))
+        if n.endswith("_ptr")
+        or n.startswith(("stride_k", "stride_v", "stride_q", "stride_o"))
+        or n in also_aligned
     ]
     return ASTSource(
         fn=fn,
@@ -119,12 +124,13 @@ def moe_sources(dtype: str) -> list[tuple[str, ASTSource]]:
     ptrs = {n: f"*{dtype}" for n in ("a_ptr", "w_ptr", "out_ptr", "weights_ptr")}
     ptrs.update(sorted_pairs_ptr="*i32", block_experts_ptr="*i32")
     tiles = {"BLOCK_M": 64, "BLOCK_N": 32, "BLOCK_K": 32} if dtype == "fp32" else {
-        "BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}  # fmt: skip
+        "BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 64}  # fmt: skip
     out = []
     for name, gated, rows_per_a in (("moe gate/up", True, 2), ("moe down", False, 1)):
         constexprs = {"ROWS_PER_A": rows_per_a, "GATED": gated, "SCALE_BY_WEIGHT": not gated,
                       "UPCAST": dtype == "fp32", **tiles}  # fmt: skip
-        out.append((name, signature(expert_gemm_kernel, ptrs, constexprs)))
+        aligned = ("stride_am", "stride_we", "stride_wn", "N", "K")
+        out.append((name, signature(expert_gemm_kernel, ptrs, constexprs, aligned)))
     return out
 
 
@@ -149,6 +155,8 @@ def main() -> None:
         for name, source in sources(dtype).items():
             # launch_checks.decode_num_warps: fp32 decode spreads its tiles over 8 warps
             warps = 8 if dtype == "fp32" and name.startswith("decode split") else 4
+            if name.startswith("moe") and dtype != "fp32":  # fused_moe.choose_tiles' widest
+                warps = 8
             kernel = triton_compile(source, target=TARGET, options={"num_warps": warps})
             ptx = kernel.asm["ptx"]
             facts = {

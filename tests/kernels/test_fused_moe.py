@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagedserve.kernels.fused_moe import Tiles, choose_block_m, fused_experts
+from pagedserve.kernels.fused_moe import Tiles, choose_tiles, fused_experts
 from pagedserve.kernels.reference import experts_reference
 from pagedserve.services.gpu_worker.layers.moe_routing import Routing, select_experts
 
@@ -102,7 +102,7 @@ def test_a_block_spanning_many_tokens_of_one_expert():
     w13, w2 = random_experts(8, seed=1)
     ids = torch.stack([torch.full((num_tokens,), 5), torch.arange(num_tokens) % 2], dim=1)
     weights = torch.rand(num_tokens, 2)
-    assert choose_block_m(2 * num_tokens, 8) < num_tokens
+    assert choose_tiles(2 * num_tokens, 8, torch.float32).block_m < num_tokens
     torch.testing.assert_close(
         fused_experts(x, w13, w2, weights, ids),
         experts_reference(x, w13, w2, weights, ids),

