@@ -131,6 +131,19 @@ def choose_tiles(num_pairs: int, num_experts: int, dtype: torch.dtype) -> Tiles:
     return Tiles(128, 128, 64, num_warps=8)
 
 
+def warm_up_token_counts(num_experts: int, top_k: int, dtype: torch.dtype) -> list[int]:
+    """A step size (tokens) for each tile class `choose_tiles` has for these experts, the
+    steps a warm-up runs so that every variant a step can launch is compiled before serving."""
+    counts, seen = [], set()
+    for rows_per_expert in (1, 17, 33, 65):
+        num_tokens = -(-rows_per_expert * num_experts // top_k)
+        tiles = choose_tiles(num_tokens * top_k, num_experts, dtype)
+        if tiles not in seen:
+            seen.add(tiles)
+            counts.append(num_tokens)
+    return counts
+
+
 def workspace_bytes(
     num_tokens: int,
     top_k: int,

@@ -204,6 +204,36 @@ def attention_variants(
     return variants
 
 
+@torch.inference_mode()
+def warm_up_experts(model: torch.nn.Module) -> dict[str, float]:
+    """Each MoE layer shape's experts op at one step per tile class of the fused-MoE kernel
+    (`kernels.fused_moe.warm_up_token_counts`): the memory profile's prefill compiles only
+    the widest, and a decode step would compile its own variant inside a request. Layers of
+    one shape share their variants (Triton keys them by dtype, top_k and tile sizes): the
+    first of each shape runs. Returns the seconds each shape took."""
+    from pagedserve.kernels.fused_moe import warm_up_token_counts
+    from pagedserve.services.gpu_worker.layers.fused_moe import FusedMoE
+
+    seconds: dict[str, float] = {}
+    for layer in (m for m in model.modules() if isinstance(m, FusedMoE)):
+        w13, top_k = layer.experts.w13_weight, layer.routing.top_k
+        name = f"experts {tuple(w13.shape)} top {top_k}"
+        if name in seconds:
+            continue
+        start = time.perf_counter()
+        num_experts, hidden = w13.shape[0], w13.shape[2]
+        for num_tokens in warm_up_token_counts(num_experts, top_k, w13.dtype):
+            x = torch.zeros(num_tokens, hidden, dtype=w13.dtype, device=w13.device)
+            ids = torch.arange(num_tokens * top_k, device=w13.device).view(-1, top_k) % num_experts
+            weights = torch.full(ids.shape, 1 / top_k, dtype=w13.dtype, device=w13.device)
+            layer.compute_experts(x, layer.experts, weights, ids, layer.act_and_mul)
+        if w13.device.type == "cuda":
+            torch.cuda.synchronize(w13.device)
+        seconds[name] = time.perf_counter() - start
+    logger.info("experts warm-up: %s", ", ".join(f"{n} {s:.2f}s" for n, s in seconds.items()))
+    return seconds
+
+
 def warm_up(
     kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
     shape: AttentionShape | None,

@@ -7,9 +7,15 @@ from __future__ import annotations
 import torch
 
 from pagedserve.services.gpu_worker.kv_cache import num_blocks_for_bytes
+from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.platforms.base import BasePlatform, KVCaches, KVSizing
 from pagedserve.services.gpu_worker.platforms.memory_profile import reserved_bytes
-from pagedserve.services.gpu_worker.warmup import AttentionShape, run_worst_step, warm_up
+from pagedserve.services.gpu_worker.warmup import (
+    AttentionShape,
+    run_worst_step,
+    warm_up,
+    warm_up_experts,
+)
 
 
 class CudaPlatform(BasePlatform):
@@ -21,6 +27,11 @@ class CudaPlatform(BasePlatform):
 
     def default_dtype(self) -> torch.dtype:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+
+    def prepare_model(self, model: BaseCausalLM, world_size: int) -> None:
+        """Compile the fused-MoE kernel's variants for the model's experts (none: a dense
+        model), before the memory profile and the attention warm-up."""
+        warm_up_experts(model)
 
     @torch.inference_mode()
     def num_kv_blocks(self, sizing: KVSizing) -> int:
