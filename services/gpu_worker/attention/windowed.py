@@ -11,8 +11,8 @@ them keeps the paths of `torch_backend.py`. Two forms, the same arithmetic:
   exp(s)) = sigmoid(L - s). The query heads that share a KV head are that head's rows.
   a prefill chunk in about a quarter of the eager time, a decode in about the same
   (`python -m benchmarks.attention_sinks`, `benchmarks/results/attention_sinks_cpu.json`);
-- eager (with a cap, on other devices, or where torch lacks the op): einsums and a softmax, the arithmetic of
-  Hugging Face's eager attention, which is where soft-capping lives.
+- eager (with a cap, on other devices, or where torch lacks the op): einsums and a
+  softmax, the arithmetic of Hugging Face's eager attention, where soft-capping lives.
 """
 
 from __future__ import annotations
