@@ -41,7 +41,7 @@ from pagedserve.services.gpu_worker.prompt_logprobs import (
 from pagedserve.services.gpu_worker.sampler import AllowedTokens, SamplingRow, sample
 from pagedserve.services.gpu_worker.sequence_state import SequenceState
 from pagedserve.services.gpu_worker.speculation import verify_drafts
-from pagedserve.services.gpu_worker.warmup import AttentionShape
+from pagedserve.services.gpu_worker.warmup import AttentionShape, layer_masks
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.model_facts import length_limit
 from pagedserve.shared.protocol import PromptLogprobs, StepPlan, StepResult
@@ -130,7 +130,10 @@ class ModelRunner:
         attn = self.model.layers[0].self_attn
         if self.attention_backend != "triton" or attn.attn.name != "triton":
             return None  # (MLA layers attend through the torch backend)
-        return AttentionShape(attn.num_heads, attn.num_kv_heads, attn.head_dim, self.block_size)
+        masks = dict.fromkeys(layer_masks(layer.self_attn.attn) for layer in self.model.layers)
+        return AttentionShape(
+            attn.num_heads, attn.num_kv_heads, attn.head_dim, self.block_size, tuple(masks)
+        )
 
     # ------------------------------------------------------------------ steps
 

@@ -20,6 +20,8 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -31,13 +33,50 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
+class LayerMasks:
+    """What sets a layer's attention kernels apart (each its own compiled variant): its
+    sliding window, logit soft-cap and attention sinks (their dtype, which the kernels also
+    specialise on)."""
+
+    sliding_window: int | None = None
+    softcap: float | None = None
+    sinks_dtype: torch.dtype | None = None
+
+    def label(self) -> str:
+        """ "" for plain layers, else e.g. " (window 128, sinks)"."""
+        parts = [f"window {self.sliding_window}"] if self.sliding_window is not None else []
+        parts += ["softcap"] if self.softcap is not None else []
+        parts += ["sinks"] if self.sinks_dtype is not None else []
+        return f" ({', '.join(parts)})" if parts else ""
+
+    def kernel_options(self, num_heads: int, device: torch.device) -> dict[str, Any]:
+        """The kernels' keyword arguments for such a layer (sinks: zeros of their dtype)."""
+        sinks = None
+        if self.sinks_dtype is not None:
+            sinks = torch.zeros(num_heads, dtype=self.sinks_dtype, device=device)
+        return {"sliding_window": self.sliding_window, "softcap": self.softcap, "sinks": sinks}
+
+
+def layer_masks(backend: object) -> LayerMasks:
+    """A layer's masks, read from its attention backend."""
+    sinks = getattr(backend, "sinks", None)
+    return LayerMasks(
+        getattr(backend, "sliding_window", None),
+        getattr(backend, "logit_softcap", None),
+        None if sinks is None else sinks.dtype,
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class AttentionShape:
-    """One rank's attention geometry, as the model's layers see it."""
+    """One rank's attention geometry, as the model's layers see it, and the distinct masks
+    of its layers (GPT-OSS: windowed and full layers, both with sinks)."""
 
     num_heads: int
     num_kv_heads: int
     head_dim: int
     block_size: int
+    layer_masks: tuple[LayerMasks, ...] = (LayerMasks(),)
 
 
 def sampler_rows(num_rows: int, vocab_size: int) -> list[SamplingRow]:
@@ -119,12 +158,13 @@ def attention_variants(
     v_cache: torch.Tensor,
     shape: AttentionShape,
 ) -> dict[str, Callable[[], object]]:
-    """A call per kernel variant the `triton` backend can launch, on tiny batches in the
-    first blocks of the real cache (whose contents are garbage until a sequence writes them).
-    Sequence 0 is a 2-token chunk, sequence 1 a decode: one prefill launch covers both."""
+    """A call per kernel variant the `triton` backend can launch for each of the layers'
+    masks, on tiny batches in the first blocks of the real cache (whose contents are garbage
+    until a sequence writes them). Sequence 0 is a 2-token chunk, sequence 1 a decode: one
+    prefill launch covers both."""
     from pagedserve import kernels
-    from pagedserve.kernels.paged_decode import MAX_SPLITS
-    from pagedserve.kernels.paged_prefill import build_work_items
+    from pagedserve.kernels.paged_decode import MAX_SPLITS, paged_decode_attention
+    from pagedserve.kernels.paged_prefill import build_work_items, paged_prefill_attention
 
     device, dtype = k_cache.device, k_cache.dtype
     scale = shape.head_dim**-0.5
@@ -141,27 +181,26 @@ def attention_variants(
     decode_query = query[metadata.query_start_list[1] :]  # sequence 1's token
     decode_args = (decode_query, *cache_args[:2], metadata.block_tables[1:], metadata.seq_lens[1:])
 
-    def decode(num_splits: int) -> Callable[[], object]:
-        return lambda: kernels.paged_decode_attention(
-            *decode_args, scale, num_splits=num_splits, max_seq_len=shape.block_size
-        )
-
+    prefill = partial(
+        paged_prefill_attention, query, *cache_args, metadata.query_start_loc,
+        metadata.seq_lens, scale, work_items=work_items,
+    )  # fmt: skip
+    decode = partial(paged_decode_attention, *decode_args, scale,
+                     max_seq_len=shape.block_size)  # fmt: skip
     variants: dict[str, Callable[[], object]] = {
         "kv write": lambda: kernels.write_kv_cache(
             key, value, k_cache, v_cache, metadata.slot_mapping
         ),
-        "prefill": lambda: kernels.paged_prefill_attention(
-            query,
-            *cache_args,
-            metadata.query_start_loc,
-            metadata.seq_lens,
-            scale,
-            work_items=work_items,
-        ),
-        "decode": decode(1),
     }
-    for num_splits in split_count_classes(MAX_SPLITS):
-        variants[f"decode split {num_splits}"] = decode(num_splits)
+    for masks in shape.layer_masks:
+        options = masks.kernel_options(shape.num_heads, device)
+        label = masks.label()
+        variants[f"prefill{label}"] = partial(prefill, **options)
+        variants[f"decode{label}"] = partial(decode, num_splits=1, **options)
+        for num_splits in split_count_classes(MAX_SPLITS):
+            variants[f"decode split {num_splits}{label}"] = partial(
+                decode, num_splits=num_splits, **options
+            )
     return variants
 
 

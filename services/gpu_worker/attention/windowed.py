@@ -9,9 +9,10 @@ them keeps the paths of `torch_backend.py`. Two forms, the same arithmetic:
 - fused (without a cap): torch's CPU flash attention with an additive mask, which also
   returns each row's log-sum-exp L; a sink s then scales the row by exp(L) / (exp(L) +
   exp(s)) = sigmoid(L - s). The query heads that share a KV head are that head's rows.
-  2-4x the eager form (`python -m benchmarks.attention_sinks`);
-- eager (with a cap, or where torch lacks the op): einsums and a softmax, the arithmetic of
-  Hugging Face's eager attention, which is where soft-capping lives.
+  a prefill chunk in about a quarter of the eager time, a decode in about the same
+  (`python -m benchmarks.attention_sinks`, `benchmarks/results/attention_sinks_cpu.json`);
+- eager (with a cap, on other devices, or where torch lacks the op): einsums and a
+  softmax, the arithmetic of Hugging Face's eager attention, where soft-capping lives.
 """
 
 from __future__ import annotations

@@ -18,8 +18,9 @@ the worker chose: the Triton kernels keep a [heads, width] tile in shared memory
 the 576-wide row, compiled ahead of time for sm_90 (bf16), decode needs 297 KB and prefill
 656 KB of it (16 heads a KV head; 787 KB at 128), over the 227 KB a block may have. There
 is no MLA-specific kernel. W_UV is applied to each head's weighted latent after.
-Prefill chunks take the same path (expanding keys and values per head would cost fewer
-products for long chunks; not done).
+Prefill chunks of `expand_from` tokens or more take the expanded form instead
+(`mla_prefill.py`: keys and values of each head rebuilt from the cached latents, fewer
+multiply-adds for long chunks); decodes and short chunks stay absorbed.
 
 Queries come from `q_proj`, or through a low-rank `q_a_proj` -> RMSNorm -> `q_b_proj`
 (`q_lora_rank`). DeepSeek's rotary dimensions are interleaved pairs (x0, x1), (x2, x3), ...:
@@ -38,6 +39,7 @@ from torch import nn
 
 from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, BaseAttentionBackend
 from pagedserve.services.gpu_worker.attention.torch_backend import TorchAttentionBackend
+from pagedserve.services.gpu_worker.layers import mla_prefill
 from pagedserve.services.gpu_worker.layers.linear import (
     ColumnParallelLinear,
     ReplicatedLinear,
@@ -95,9 +97,13 @@ class MLAAttention(nn.Module):
         rope_interleaved: bool = True,
         bias: bool = False,  # attention_bias: q_a_proj, kv_a_proj_with_mqa and o_proj
         eps: float = 1e-6,
+        expand_from: int | None = None,  # chunk length from which prefill expands (tests)
     ) -> None:
         super().__init__()
         self.shape = shape
+        self.expand_from = expand_from or mla_prefill.expand_from(
+            shape.kv_lora_rank, shape.qk_rope_head_dim, shape.qk_nope_head_dim, shape.v_head_dim
+        )
         self.num_heads = divide(shape.num_heads, get_tp_world_size(), "num_attention_heads")
         self.num_kv_heads = 1  # the latent: one row per token whatever the heads
         self.head_dim = shape.latent_width  # the backend's width of keys and values
@@ -159,11 +165,56 @@ class MLAAttention(nn.Module):
         s, num_tokens = self.shape, hidden.shape[0]
         q_nope, q_rope = self.queries(hidden).split([s.qk_nope_head_dim, s.qk_rope_head_dim], -1)
         row, q_rope = self.latent_rows(hidden, q_rope, angles)
+        cache = kv_cache[0]
+        plan = mla_prefill.plan_step(metadata, cache.shape[1], self.expand_from)
+        if plan is None:
+            out = self.absorbed(q_nope, q_rope, row, cache, metadata)
+        else:
+            out = hidden.new_empty(num_tokens, self.num_heads, s.v_head_dim)
+            if plan.absorbed is not None:
+                rows = plan.absorbed_rows
+                out[rows] = self.absorbed(q_nope[rows], q_rope[rows], row[rows], cache,
+                                          plan.absorbed)  # fmt: skip
+            self.expanded(q_nope, q_rope, row, cache, metadata, plan, out)
+        return self.o_proj(out.reshape(num_tokens, self.num_heads * s.v_head_dim))
+
+    def absorbed(
+        self,
+        q_nope: torch.Tensor,  # [T, h, nope]
+        q_rope: torch.Tensor,  # [T, h, rope], rotated
+        row: torch.Tensor,  # [T, 1, latent + rope]
+        cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [T, h, v]
+        """Write the rows, then attend with W_UK in the queries and W_UV on the output."""
         w_uk, w_uv = self.up_projections()
         # q_nope_h W_UK_h: [h, T, nope] x [h, nope, latent] -> [T, h, latent]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
         query = torch.cat([q_latent, q_rope], dim=-1)  # [T, h, latent + rope]
-        out = self.attn.forward(query, row, row, kv_cache[0], kv_cache[1], metadata)
+        out = self.attn.forward(query, row, row, cache, cache, metadata)
         # each head's weighted latent through W_UV_h: [h, T, latent] x [h, latent, v]
-        out = torch.bmm(out[..., : s.kv_lora_rank].transpose(0, 1), w_uv.transpose(1, 2))
-        return self.o_proj(out.transpose(0, 1).reshape(num_tokens, self.num_heads * s.v_head_dim))
+        out = torch.bmm(out[..., : self.shape.kv_lora_rank].transpose(0, 1), w_uv.transpose(1, 2))
+        return out.transpose(0, 1)
+
+    def expanded(
+        self,
+        q_nope: torch.Tensor,  # [T, h, nope], the whole step
+        q_rope: torch.Tensor,
+        row: torch.Tensor,
+        cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        plan: mla_prefill.StepPlan,
+        out: torch.Tensor,  # [T, h, v]: the expanded sequences' rows are written
+    ) -> None:
+        """Write the long chunks' rows, then attend each with expanded keys and values."""
+        s, rows = self.shape, plan.expanded_rows
+        mla_prefill.write_rows(cache, row[rows], metadata.slot_mapping[rows])
+        query = torch.cat([q_nope, q_rope], dim=-1)  # [T, h, qk_head_dim]
+        starts = metadata.query_start_list
+        for i in plan.expanded:
+            start, end = starts[i], starts[i + 1]
+            out[start:end] = mla_prefill.expanded_chunk(
+                query[start:end], cache, metadata.block_tables[i : i + 1],
+                metadata.seq_lens_list[i], self.kv_b_proj, s.qk_nope_head_dim, s.v_head_dim,
+                self.attn.scale,
+            )  # fmt: skip

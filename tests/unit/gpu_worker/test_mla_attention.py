@@ -23,11 +23,16 @@ V2_LITE = dict(hidden_size=256, num_heads=16, kv_lora_rank=512, qk_nope_head_dim
                qk_rope_head_dim=64, v_head_dim=128)  # fmt: skip
 
 
+NEVER = 1 << 30  # an expand_from no chunk reaches: every token absorbed
+
+
 def make_layer(q_lora_rank: int | None, interleaved: bool, dims: dict = TINY,
-               backend: type = TorchAttentionBackend) -> MLAAttention:  # fmt: skip
+               backend: type = TorchAttentionBackend, expand_from: int | None = None,
+               ) -> MLAAttention:  # fmt: skip
     shape = MLAShape(q_lora_rank=q_lora_rank, **dims)
     scale = shape.qk_head_dim**-0.5 * 2
-    layer = MLAAttention(shape, backend, scale=scale, rope_interleaved=interleaved)
+    layer = MLAAttention(shape, backend, scale=scale, rope_interleaved=interleaved,
+                         expand_from=expand_from)  # fmt: skip
     torch.manual_seed(0)
     with torch.no_grad():
         for param in layer.parameters():
@@ -112,14 +117,23 @@ def check_against_expanded(
             torch.testing.assert_close(torch.cat(got[name]), expected, **tolerance)
 
 
+@pytest.mark.parametrize("expand_from", [NEVER, None, 2], ids=["absorbed", "auto", "expanded"])
 @pytest.mark.parametrize(("q_lora_rank", "interleaved"), [(None, True), (12, False)])
-def test_latent_attention_equals_expanded_attention(q_lora_rank, interleaved) -> None:
-    check_against_expanded(make_layer(q_lora_rank, interleaved), "cpu", rtol=1e-4, atol=1e-4)
+def test_latent_attention_equals_expanded_attention(q_lora_rank, interleaved, expand_from):
+    """Every token absorbed; the chunks of 18 tokens or more expanded (twice TINY's
+    break-even: a step mixing an expanded and an absorbed chunk, one mixing an expanded chunk
+    with a decode, decode-only steps); every chunk expanded."""
+    layer = make_layer(q_lora_rank, interleaved, expand_from=expand_from)
+    assert expand_from is not None or layer.expand_from == 18
+    check_against_expanded(layer, "cpu", rtol=1e-4, atol=1e-4)
 
 
-def test_latent_attention_at_v2_lite_width_equals_expanded_attention() -> None:
-    """576-wide latent rows through the torch backend (the C kernel's and SDPA's paths)."""
-    layer = make_layer(None, True, V2_LITE)
+@pytest.mark.parametrize("expand_from", [None, 2], ids=["absorbed", "expanded"])
+def test_latent_attention_at_v2_lite_width_equals_expanded_attention(expand_from) -> None:
+    """576-wide latent rows through the torch backend (the C kernel's and SDPA's paths), its
+    chunks below the 316 tokens it expands from; and expanded."""
+    layer = make_layer(None, True, V2_LITE, expand_from=expand_from)
+    assert expand_from is not None or layer.expand_from == 316
     check_against_expanded(layer, "cpu", rtol=2e-4, atol=2e-4)
 
 

@@ -5,6 +5,7 @@ fp32 logits after a prefill of the token budget."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -16,10 +17,12 @@ from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.gpu_worker.sampler import MAX_LOGPROBS, sample
 from pagedserve.services.gpu_worker.warmup import (
     AttentionShape,
+    LayerMasks,
     run_worst_step,
     split_count_classes,
 )
 from pagedserve.shared.config import CacheConfig
+from tests.fixtures.tiny_models import build_tiny_model
 from tests.kernels.launch_recorder import LaunchRecorder
 
 SHAPE = AttentionShape(num_heads=4, num_kv_heads=2, head_dim=16, block_size=16)
@@ -77,6 +80,36 @@ def test_warm_up_launches_every_kernel_variant_once(
     assert recorders["decode"].values_of("SPLIT") == [False] + [True] * len(splits)
     assert recorders["reduce"].values_of("SPLITS_PAD") == [2, 4, 8, 16, 32]
     assert len(sampler_calls) == 1
+
+
+def test_warm_up_launches_each_layer_masks_variants(
+    recorders: dict[str, LaunchRecorder], sampler_calls: list
+) -> None:
+    """GPT-OSS: windowed and full layers, both with sinks: each mask's variants compile."""
+    masks = (LayerMasks(24, None, torch.float32), LayerMasks(None, None, torch.float32))
+    shape = dataclasses.replace(SHAPE, layer_masks=masks)
+    cache = torch.zeros(4, SHAPE.block_size, SHAPE.num_kv_heads, SHAPE.head_dim)
+    seconds = warmup.warm_up([(cache, cache.clone())], shape, 64, torch.device("cpu"))
+    splits = split_count_classes(paged_decode.MAX_SPLITS)
+    assert "decode split 2 (window 24, sinks)" in seconds and "prefill (sinks)" in seconds
+    assert recorders["prefill"].values_of("WINDOWED") == [True, False]
+    assert recorders["prefill"].values_of("SINKS") == [True, True]
+    assert recorders["decode"].values_of("WINDOWED") == [True] * (1 + len(splits)) + [False] * (
+        1 + len(splits)
+    )
+    assert recorders["reduce"].values_of("SINKS") == [True] * 2 * len(splits)
+
+
+def test_the_runner_lists_each_distinct_layer_masks(tmp_path: Path) -> None:
+    model_dir = build_tiny_model(tmp_path / "gpt_oss", "gpt_oss")
+    runner = ModelRunner(
+        model_dir, CacheConfig(block_size=16, num_blocks=8), dtype="float32",
+        attention_backend="triton", show_progress=False,
+    )  # fmt: skip
+    assert runner.triton_attention_shape().layer_masks == (
+        LayerMasks(24, None, torch.float32),
+        LayerMasks(None, None, torch.float32),
+    )
 
 
 def test_warm_up_without_the_triton_backend_runs_only_the_sampler(
