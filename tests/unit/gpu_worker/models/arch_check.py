@@ -31,6 +31,7 @@ def make_engine(model_dir: Path, block_size: int = 4) -> LLMEngine:
         SchedulerConfig(max_num_seqs=8, max_num_batched_tokens=64, max_model_len=512),
         CacheConfig(block_size=block_size, num_blocks=512),
         dtype="float32",
+        device="cpu",  # HF runs on the CPU too; the Triton kernels take no 4-token blocks
     )
 
 
