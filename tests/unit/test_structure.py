@@ -177,3 +177,41 @@ def test_the_cycle_finder_finds_a_cycle_hidden_in_a_function():
     assert find_cycles(graph) == [
         ["pagedserve.shared.a", "pagedserve.shared.b", "pagedserve.shared.a"]
     ]
+
+
+GENERIC_WORKER_FOLDERS = ("services/gpu_worker/layers", "services/gpu_worker/models")
+DEVICE_NAMES = {"cpu", "cuda"}
+
+
+def device_branches(tree: ast.Module) -> Iterator[int]:
+    """Lines that compare something with a device name or read a device's `.type` / `.is_cuda`
+    in a test: the branches an op's forms and the platform seam exist to replace."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(isinstance(o, ast.Constant) and o.value in DEVICE_NAMES for o in operands):
+                yield node.lineno
+        if isinstance(node, ast.If | ast.IfExp) and any(
+            isinstance(n, ast.Attribute) and n.attr in ("is_cuda", "is_cpu")
+            for n in ast.walk(node.test)
+        ):
+            yield node.lineno
+
+
+def test_no_generic_layer_or_model_branches_on_the_device():
+    """Layers and models choose nothing by device: ops pick their CPU or CUDA form once at
+    load (`layers/custom_op.py`, which alone maps device types to forms), the platform seam
+    the rest."""
+    found = [
+        f"{path.relative_to(CHECKOUT)}:{line}"
+        for folder in GENERIC_WORKER_FOLDERS
+        for path in sorted((CHECKOUT / folder).rglob("*.py"))
+        if path.name != "custom_op.py"
+        for line in device_branches(ast.parse(path.read_text()))
+    ]
+    assert not found, f"device branches in generic worker code: {found}"
+
+
+def test_the_device_branch_finder_finds_one():
+    tree = ast.parse("if x.device.type == 'cuda':\n    pass\ny = 1 if t.is_cuda else 2\n")
+    assert list(device_branches(tree)) == [1, 3]
