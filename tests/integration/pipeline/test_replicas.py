@@ -23,7 +23,8 @@ def pipeline(pipeline_factory):
     pipeline = pipeline_factory()
     add_engine(pipeline, TP1, 1)
     add_engine(pipeline, TP2, 2)
-    add_gateway(pipeline, "gw-replicas")
+    # the shared stream, which both engines read (routing by cache has its own tests)
+    add_gateway(pipeline, "gw-replicas", "--routing", "shared")
     wait_until_serving(pipeline)
     return pipeline
 

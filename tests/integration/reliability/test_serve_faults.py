@@ -78,7 +78,7 @@ def restart_count(serve: ServeProcess, victim: str) -> int:
 async def start_streams(
     client: httpx.AsyncClient, serve: ServeProcess, results: list[StreamResult]
 ) -> list[asyncio.Task]:
-    """60 greedy streams over both gateways; returns once each has some text."""
+    """60 greedy streams over both gateways; returns once each has some text or ended."""
     body = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
     urls = [serve.base_url, f"http://127.0.0.1:{serve.port + 1}"]
     tasks = [
@@ -88,10 +88,10 @@ async def start_streams(
         for i, p in enumerate(PROMPTS)
     ]
     deadline = time.monotonic() + 120
-    while not all(r.first_piece_at for r in results):
+    # On a fast box the first streams can end before the last have started: they count as
+    # streams like any other (checked whole and exact afterwards), the fault waits for the rest.
+    while not all(r.first_piece_at or t.done() for r, t in zip(results, tasks, strict=True)):
         assert time.monotonic() < deadline, "streams did not all start within 120 s"
-        ended = [(r.status, r.error) for r, t in zip(results, tasks, strict=True) if t.done()]
-        assert not ended, f"{len(ended)} streams ended before the fault: {ended[:3]}"
         await asyncio.sleep(0.02)
     return tasks
 
