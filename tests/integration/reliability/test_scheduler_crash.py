@@ -47,7 +47,10 @@ BODY = {"temperature": 0, "max_tokens": MAX_TOKENS, "ignore_eos": True}
 def pipeline(pipeline_factory):
     pipeline = pipeline_factory()
     add_engine(pipeline, "engine-a")
-    add_gateway(pipeline, "gw-crash", "--engine-loss-timeout", str(ENGINE_LOSS_TIMEOUT_S))
+    # the shared stream, which the claim of a dead engine's entries was built on (routed
+    # streams have their own crash test, test_routed_engine_crash.py)
+    add_gateway(pipeline, "gw-crash", "--engine-loss-timeout", str(ENGINE_LOSS_TIMEOUT_S),
+                "--routing", "shared")  # fmt: skip
     wait_until_serving(pipeline)
     return pipeline
 
