@@ -1,7 +1,8 @@
 """pagedserve against vLLM's CPU build: the suite's workload at fixed concurrency levels
 (as against transformers serve) and a request-rate sweep with Poisson arrivals (as vLLM's
 serving benchmark), in alternated rounds, medians over the rounds without steal, plots of
-throughput and p99 TTFT / TPOT against the rate.
+throughput and p99 TTFT / TPOT against the rate; and each server's start-up time and peak
+memory (`server_footprint.py`) in every round.
 
 The peer is optional: without `--vllm-python` (or $VLLM_PYTHON, the interpreter of the venv
 vLLM is installed in) only pagedserve is measured. Each server has the machine to itself:
@@ -27,6 +28,7 @@ from benchmarks.bench_args import add_workload_args, floats, ints, resolved_dtyp
 from benchmarks.machine_info import ISA_FLAGS, cpu_ticks, machine_info, steal_share
 from benchmarks.rate_plots import write_rate_plots
 from benchmarks.rate_sweep import median_over_rounds, point, sweep_loads
+from benchmarks.server_footprint import ServerFootprint
 from benchmarks.vllm_serve import VLLM_PYTHON_ENV, VllmServeConfig, VllmServer, peer_info
 from pagedserve.services.cli.loadgen.runner import (
     Level,
@@ -87,9 +89,16 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
     )
     log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-vllm-pagedserve.log"
     print(f"starting pagedserve (logs: {log_path})", flush=True)
-    with log_path.open("w") as log, LocalPipeline(config, log=log) as pipeline:
+    with (
+        log_path.open("w") as log,
+        ServerFootprint() as footprint,
+        LocalPipeline(config, log=log) as pipeline,
+    ):
+        footprint.ready()
         endpoint = EndpointConfig(pipeline.base_url, str(model_dir))
-        return measure_round(endpoint, *plan, args.startup_timeout)
+        result = measure_round(endpoint, *plan, args.startup_timeout)
+        footprint.settled()
+    return result | {"footprint": footprint.summary()}
 
 
 def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
@@ -107,8 +116,15 @@ def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
 def run_vllm(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
     log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-vllm-vllm.log"
     print(f"starting vLLM's CPU build (logs: {log_path})", flush=True)
-    with log_path.open("w") as log, VllmServer(vllm_config(args, model_dir), log=log) as server:
-        return measure_round(server.endpoint(), *plan, args.startup_timeout)
+    with (
+        log_path.open("w") as log,
+        ServerFootprint() as footprint,
+        VllmServer(vllm_config(args, model_dir), log=log) as server,
+    ):
+        footprint.ready()
+        result = measure_round(server.endpoint(), *plan, args.startup_timeout)
+        footprint.settled()
+    return result | {"footprint": footprint.summary()}
 
 
 def alternate_servers(

@@ -3,6 +3,7 @@ servers' medians and their ratio, and the steal of every round."""
 
 from __future__ import annotations
 
+import statistics
 from typing import Any
 
 from benchmarks.rate_sweep import level_name
@@ -52,6 +53,27 @@ def steal_line(rounds: dict[str, list[dict[str, Any]]]) -> str:
     return "CPU time stolen by the hypervisor per round: " + "; ".join(parts)
 
 
+FOOTPRINT_HEADER = [
+    "| server | ready s (launch to /health), by round | peak RSS GiB | PSS GiB after the run |",
+    "|---|---|---|---|",
+]
+
+
+def footprint_rows(rounds: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """One row per server: every round's start-up time (the first may compile or fill a
+    cache) and the median of its rounds' peak memory."""
+    rows = []
+    for name, server_rounds in rounds.items():
+        prints = [r["footprint"] for r in server_rounds if "footprint" in r]
+        if not prints:
+            continue
+        ready = ", ".join(_num(p["ready_s"], 1) for p in prints)
+        rss = statistics.median(p["peak_rss_gib"] for p in prints)
+        pss = statistics.median(p["settled_pss_gib"] for p in prints)
+        rows.append(f"| {name} | {ready} | {rss:.2f} | {pss:.2f} |")
+    return rows
+
+
 def machine_line(result: dict[str, Any]) -> str:
     m = result["machine"]
     caps = ", ".join(f"{k}={v}" for k, v in m["isa_env"].items()) or "none"
@@ -91,6 +113,14 @@ def report(result: dict[str, Any]) -> str:
         *(level_row(o, p) for o, p in zip(ours, peer or [None] * len(ours), strict=True)),
         "",
         steal_line(result["rounds"]),
+        "",
+        "Start-up and memory: every process the server runs (pagedserve: Redis, scheduler, "
+        "worker, gateway; vLLM: its API server and engine core): RSS summed as `ps` shows it, "
+        "sampled every 0.5 s; PSS (shared pages divided among their processes) read once after "
+        "the last level.",
+        "",
+        *FOOTPRINT_HEADER,
+        *footprint_rows(result["rounds"]),
         "",
         f"Command: `{result['command']}`",
     ]

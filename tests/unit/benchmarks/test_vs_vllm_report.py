@@ -47,3 +47,14 @@ def test_the_report_is_a_section_of_the_performance_summary(tmp_path: Path) -> N
     summary = build_report(tmp_path)
     assert summary.startswith("## pagedserve vs vLLM's CPU build")
     assert "| 16 in flight | 300.0 | 200.0 | 1.50x |" in summary
+
+
+def test_the_report_shows_each_servers_start_up_by_round_and_median_peak_memory() -> None:
+    result = canned_result()
+    result["rounds"]["pagedserve"][0]["footprint"] = {
+        "ready_s": 12.34, "peak_rss_gib": 3.0, "settled_pss_gib": 2.0}  # fmt: skip
+    result["rounds"]["pagedserve"][1]["footprint"] = {
+        "ready_s": 9.0, "peak_rss_gib": 5.0, "settled_pss_gib": 4.0}  # fmt: skip
+    text = report(result)
+    assert "| pagedserve | 12.3, 9.0 | 4.00 | 3.00 |" in text
+    assert "| vLLM CPU |" not in text  # rounds without a footprint: no row
