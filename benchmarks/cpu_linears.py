@@ -9,7 +9,8 @@ can take for the dtype.
 
 bf16: `F.linear` (oneDNN, re-packing the weight per call), oneDNN packed once
 (`mkldnn._linear_pointwise`), and `kernels/cpu_small_gemm.c` with AMX tiles and with
-`vdpbf16ps` tiles where the CPU has them. fp32: `F.linear`, MKL packed and, where it builds,
+`vdpbf16ps` tiles where the CPU has them. fp32: `F.linear`, MKL packed, oneDNN packed and,
+where it builds,
 `kernels/cpu_small_sgemm.c` (the layers use it on CPUs not made by Intel). The best of
 `--repeats` passes over all the layers, in ms, with the machine's ISA flags.
 """
@@ -53,6 +54,11 @@ def products(weight: torch.Tensor) -> dict[str, Product]:
             "F.linear": lambda x: F.linear(x, weight),
             "MKL packed": lambda x: torch.ops.mkl._mkl_linear(x, mkl, weight, None, x.shape[0]),
         }
+        if torch.backends.mkldnn.is_available():
+            blocked = torch.ops.mkldnn._reorder_linear_weight(weight, MKL_PACK_ROWS)
+            fp32_paths["oneDNN packed"] = lambda x: torch.ops.mkldnn._linear_pointwise(
+                x, blocked, None, "none", [], ""
+            )
         if cpu_small_sgemm.available():
             sgemm_panels = cpu_small_sgemm.pack(weight)
             fp32_paths["ours"] = lambda x: cpu_small_sgemm.linear(x, sgemm_panels, weight.shape[0])
