@@ -32,5 +32,9 @@ def test_every_path_is_timed_and_gives_the_product():
         assert torch.allclose(product(x).double(), expected, rtol=2e-2, atol=2e-2), name
     table = cpu_linears.measure([(40, 32), (24, 40)], torch.float32, [1, 2], repeats=1)
     kernel = {"ours"} if cpu_small_sgemm.available() else set()
-    assert set(table) == {"F.linear", "MKL packed"} | kernel
+    onednn = {"oneDNN packed"} if torch.backends.mkldnn.is_available() else set()
+    assert set(table) == {"F.linear", "MKL packed"} | onednn | kernel
+    weight32, x32 = weight.float(), x.float()
+    for name, product in cpu_linears.products(weight32).items():
+        assert torch.allclose(product(x32), x32 @ weight32.T, rtol=1e-4, atol=1e-4), name
     assert all(t[r] > 0 for t in table.values() for r in (1, 2))
