@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Self
 
 import psutil
@@ -32,24 +33,29 @@ GIB = 1024**3
 GONE = (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess)
 
 
-def tree_rss(root: psutil.Process) -> int:
-    """Bytes resident, summed over `root`'s descendants."""
+def _tree_sum(root: psutil.Process, measure: Callable[[psutil.Process], int]) -> int:
+    """`measure` summed over `root`'s descendants; one that exits meanwhile counts 0."""
     total = 0
     for child in root.children(recursive=True):
         with contextlib.suppress(*GONE):
-            total += child.memory_info().rss
+            total += measure(child)
     return total
+
+
+def tree_rss(root: psutil.Process) -> int:
+    """Bytes resident, summed over `root`'s descendants."""
+    return _tree_sum(root, lambda p: p.memory_info().rss)
 
 
 def tree_pss(root: psutil.Process) -> int:
     """Proportional set size in bytes, summed over `root`'s descendants (RSS where the kernel
     does not expose PSS)."""
-    total = 0
-    for child in root.children(recursive=True):
-        with contextlib.suppress(*GONE):
-            info = child.memory_full_info()
-            total += getattr(info, "pss", info.rss)
-    return total
+
+    def pss(process: psutil.Process) -> int:
+        info = process.memory_full_info()
+        return getattr(info, "pss", info.rss)
+
+    return _tree_sum(root, pss)
 
 
 class ServerFootprint:

@@ -21,8 +21,9 @@ import shlex
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from benchmarks.bench_args import add_workload_args, floats, ints, resolved_dtype, workload_args
 from benchmarks.machine_info import ISA_FLAGS, cpu_ticks, machine_info, steal_share
@@ -77,6 +78,21 @@ def measure_round(
     return result
 
 
+def measure_server(
+    name: str, start: Callable[[TextIO], Any], endpoint_of: Callable[[Any], EndpointConfig],
+    plan: tuple, timeout_s: float,
+) -> dict[str, Any]:  # fmt: skip
+    """One round of one server: `start(log)` is its context manager, `endpoint_of(server)`
+    where it answers; the round's points with the server's start-up time and memory."""
+    log_path = Path(tempfile.gettempdir()) / f"pagedserve-vs-vllm-{name}.log"
+    print(f"starting {name} (logs: {log_path})", flush=True)
+    with log_path.open("w") as log, ServerFootprint() as footprint, start(log) as server:
+        footprint.ready()
+        result = measure_round(endpoint_of(server), *plan, timeout_s)
+        footprint.settled()
+    return result | {"footprint": footprint.summary()}
+
+
 def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
     from pagedserve.services.cli.loadgen.pipeline_launcher import LocalPipeline, PipelineConfig
 
@@ -87,18 +103,13 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
         worker_threads=args.threads,
         startup_timeout_s=args.startup_timeout,
     )
-    log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-vllm-pagedserve.log"
-    print(f"starting pagedserve (logs: {log_path})", flush=True)
-    with (
-        log_path.open("w") as log,
-        ServerFootprint() as footprint,
-        LocalPipeline(config, log=log) as pipeline,
-    ):
-        footprint.ready()
-        endpoint = EndpointConfig(pipeline.base_url, str(model_dir))
-        result = measure_round(endpoint, *plan, args.startup_timeout)
-        footprint.settled()
-    return result | {"footprint": footprint.summary()}
+    return measure_server(
+        "pagedserve",
+        lambda log: LocalPipeline(config, log=log),
+        lambda pipeline: EndpointConfig(pipeline.base_url, str(model_dir)),
+        plan,
+        args.startup_timeout,
+    )
 
 
 def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
@@ -114,17 +125,13 @@ def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
 
 
 def run_vllm(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dict[str, Any]:
-    log_path = Path(tempfile.gettempdir()) / "pagedserve-vs-vllm-vllm.log"
-    print(f"starting vLLM's CPU build (logs: {log_path})", flush=True)
-    with (
-        log_path.open("w") as log,
-        ServerFootprint() as footprint,
-        VllmServer(vllm_config(args, model_dir), log=log) as server,
-    ):
-        footprint.ready()
-        result = measure_round(server.endpoint(), *plan, args.startup_timeout)
-        footprint.settled()
-    return result | {"footprint": footprint.summary()}
+    return measure_server(
+        "vllm",
+        lambda log: VllmServer(vllm_config(args, model_dir), log=log),
+        lambda server: server.endpoint(),
+        plan,
+        args.startup_timeout,
+    )
 
 
 def alternate_servers(

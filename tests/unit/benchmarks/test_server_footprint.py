@@ -9,7 +9,7 @@ import time
 
 import psutil
 
-from benchmarks.server_footprint import GIB, ServerFootprint, tree_pss, tree_rss
+from benchmarks.server_footprint import ServerFootprint, tree_pss, tree_rss
 
 HOLD_256_MIB = "b = bytearray(256 * 1024 * 1024); print('ready', flush=True); input()"
 
@@ -23,7 +23,9 @@ def test_the_peak_covers_what_a_child_holds_and_the_ready_time_is_taken() -> Non
         try:
             assert child.stdout.readline().strip() == "ready"
             footprint.ready()
+            deadline = time.monotonic() + 60
             while footprint.peak_rss < 256 * 1024**2:  # sampled in the background
+                assert time.monotonic() < deadline, "the sampler never saw the child's memory"
                 time.sleep(0.05)
             footprint.settled()
         finally:
@@ -32,7 +34,6 @@ def test_the_peak_covers_what_a_child_holds_and_the_ready_time_is_taken() -> Non
     assert summary["ready_s"] is not None and summary["ready_s"] > 0
     assert 0.25 <= summary["peak_rss_gib"] < 64
     assert 0.25 <= summary["settled_pss_gib"] <= summary["peak_rss_gib"] + 1e-9
-    assert footprint.peak_rss < 64 * GIB
 
 
 def test_a_process_without_children_holds_nothing() -> None:
