@@ -33,7 +33,9 @@ def test_the_peak_covers_what_a_child_holds_and_the_ready_time_is_taken() -> Non
     summary = footprint.summary()
     assert summary["ready_s"] is not None and summary["ready_s"] > 0
     assert 0.25 <= summary["peak_rss_gib"] < 64
-    assert 0.25 <= summary["settled_pss_gib"] <= summary["peak_rss_gib"] + 1e-9
+    # PSS is read later than the RSS samples (the child may have grown a page since), so
+    # it is not bounded by the sampled peak: only by what the child holds
+    assert 0.25 <= summary["settled_pss_gib"] < 64
 
 
 def test_a_process_without_children_holds_nothing() -> None:
