@@ -17,7 +17,10 @@ Beams (beam search) share blocks as the PagedAttention paper describes: `fork` g
 sequence its parent's whole table, one more reference on each block, and `copy_on_write`
 gives a sequence about to write into a block that another table also holds a fresh block
 instead, recording (source, destination) for the workers to copy before the step runs
-(`take_block_copies`). Only a fork's unfilled last block is ever shared uncached."""
+(`take_block_copies`). Only a fork's unfilled last block is ever shared uncached. A copy whose
+sequence gives its blocks back before the plan is sent (preempted while the step is planned)
+is dropped: its destination may be taken again in the same step, even as another copy's, and
+the workers copy all of a step's blocks at once."""
 
 from __future__ import annotations
 
@@ -222,9 +225,17 @@ class KVCacheManager:
         self._block_copies.append((shared.block_id, table[index].block_id))
         return True
 
+    def _drop_copies_into_free_blocks(self) -> None:
+        """Forget the pending copies whose destination nobody holds any more."""
+        blocks = self.pool.blocks
+        self._block_copies = [c for c in self._block_copies if blocks[c[1]].ref_count > 0]
+
     def take_block_copies(self) -> list[tuple[int, int]]:
-        """The (source, destination) block copies recorded since the last call, in order."""
+        """The (source, destination) block copies recorded since the last call, in order; no
+        two into the same block (the workers make them all at once)."""
         copies, self._block_copies = self._block_copies, []
+        destinations = [d for _, d in copies]
+        assert len(set(destinations)) == len(destinations), f"copies collide: {copies}"
         return copies
 
     def free(self, request: Request) -> None:
@@ -236,6 +247,7 @@ class KVCacheManager:
             self._stop_computing(block_hash, request.request_id)
         if table:
             self.pool.free_blocks(b for b in reversed(table) if b is not None)
+            self._drop_copies_into_free_blocks()
 
     def _free_skipped_blocks(self, request: Request) -> None:
         """Give back the blocks wholly before the window of the request's next token (at

@@ -62,3 +62,22 @@ def test_only_beams_may_share_an_uncached_block():
     child.beam_group_id = parent.beam_group_id = None
     with pytest.raises(AssertionError, match="shared by 2 tables but not cached"):
         kv.check_integrity([parent, child])
+
+
+def test_a_copy_is_dropped_when_its_sequence_gives_its_blocks_back_before_the_plan():
+    """A beam preempted while the step is planned frees its fresh block; taken again by
+    another beam's copy in the same step, it must be copied into once (CI saw beam search
+    under preemption read another beam's KV when the workers made both copies at once)."""
+    kv = KVCacheManager(num_blocks=3, block_size=4)
+    parent = beam("p", 6)
+    kv.allocate_slots(parent, 6)  # blocks 0, 1; block 2 is the only free one
+    parent.num_computed_tokens, parent.num_sent_blocks = 6, 2
+    first, second = parent.fork("a"), parent.fork("b")
+    kv.fork(parent, first)
+    kv.fork(parent, second)
+    assert kv.copy_on_write(first) is True  # block 1 -> 2
+    kv.free(first)  # preempted before the plan was sent: block 2 is free again
+    assert kv.copy_on_write(second) is True
+    assert kv.get_block_ids("b") == [0, 2]  # the same block, taken again
+    assert kv.take_block_copies() == [(1, 2)]
+    kv.check_integrity([parent, second])
