@@ -31,6 +31,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 NUM_STREAMS = 60
 MAX_TOKENS = 160
 PROMPTS = [f"Request {i}: once upon a time" for i in range(NUM_STREAMS)]
+KILL_ATTEMPTS = 3
 STREAM_TIMEOUT_S = 240.0  # a restart on a loaded box, then the recompute of every stream
 SERVE_FLAGS = ["--dtype", "float32", "--device", "cpu", "--num-gateways", "2",
                "--max-model-len", "256", "--kv-cache-memory", "64000000",
@@ -104,17 +105,28 @@ def new_client(timeout_s: float) -> httpx.AsyncClient:
 
 
 async def streams_through_a_kill(serve: ServeProcess, victim: str) -> list[StreamResult]:
-    """60 greedy streams; SIGKILL `victim` once each has some text."""
-    results = [StreamResult() for _ in PROMPTS]
-    async with new_client(STREAM_TIMEOUT_S) as client:
-        tasks = await start_streams(client, serve, results)
-        assert not all(t.done() for t in tasks), "every stream ended before the kill"
-        os.kill(victim_pid(serve, victim), signal.SIGKILL)
-        killed_at = time.monotonic()
-        await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S + 30)
-    # The figure docs/RELIABILITY.md quotes (run with -s to see it).
-    print(f"\n{victim} SIGKILLed: every stream ended {time.monotonic() - killed_at:.1f} s later")
-    return results
+    """60 greedy streams; SIGKILL `victim` once each has some text. On a loaded box the client
+    can be descheduled while the server writes whole answers into its sockets, and then find
+    every stream ended before it could kill (CI saw it once): the streams are sent again, up
+    to `KILL_ATTEMPTS` times."""
+    for _ in range(KILL_ATTEMPTS):
+        results = [StreamResult() for _ in PROMPTS]
+        async with new_client(STREAM_TIMEOUT_S) as client:
+            tasks = await start_streams(client, serve, results)
+            if all(t.done() for t in tasks):
+                continue
+            os.kill(victim_pid(serve, victim), signal.SIGKILL)
+            killed_at = time.monotonic()
+            await asyncio.wait_for(asyncio.gather(*tasks), STREAM_TIMEOUT_S + 30)
+        # The figure docs/RELIABILITY.md quotes (run with -s to see it).
+        ended_s = time.monotonic() - killed_at
+        print(f"\n{victim} SIGKILLed: every stream ended {ended_s:.1f} s later")
+        return results
+    raise AssertionError(
+        f"every stream ended before the kill, {KILL_ATTEMPTS} times: "
+        f"{[(r.status, r.error, r.finish_reason, len(r.pieces)) for r in results[:4]]}"
+        f"\n{serve.log()[-4000:]}"
+    )
 
 
 @pytest.mark.parametrize("victim", ["worker0", "scheduler", "gateway1", "redis"])
