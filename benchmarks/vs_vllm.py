@@ -30,6 +30,7 @@ from benchmarks.machine_info import ISA_FLAGS, cpu_ticks, machine_info, steal_sh
 from benchmarks.rate_plots import write_rate_plots
 from benchmarks.rate_sweep import median_over_rounds, point, sweep_loads
 from benchmarks.server_footprint import ServerFootprint
+from benchmarks.step_clock import read_settled, step_clock
 from benchmarks.vllm_serve import VLLM_PYTHON_ENV, VllmServeConfig, VllmServer, peer_info
 from pagedserve.services.cli.loadgen.runner import (
     Level,
@@ -64,15 +65,21 @@ def lscpu_isa() -> list[str]:
 def measure_round(
     endpoint: EndpointConfig, levels: list[Level], warmup: list[BenchRequest], timeout_s: float
 ) -> dict[str, Any]:
-    """Warm-up, then every level as one point with the steal during it (`rate_sweep.point`)."""
+    """Warm-up, then every level as one point with the steal during it (`rate_sweep.point`)
+    and, for pagedserve, its engine's step clock (`step_clock.py`; None for vLLM)."""
     asyncio.run(wait_until_ready(endpoint, timeout_s))
     result: dict[str, Any] = {"load_before": os.getloadavg(), "warmup": warm_up(endpoint, warmup)}
     start = cpu_ticks()
     points = []
+    counters = read_settled(endpoint.root)
     for level in levels:
         before = cpu_ticks()
         summary = run_levels(endpoint, [level])[0]
-        points.append(point(summary, steal_share(before, cpu_ticks())))
+        steal = steal_share(before, cpu_ticks())
+        after = read_settled(endpoint.root)
+        clock = step_clock(counters, after, summary["duration_s"])
+        points.append(point(summary, steal) | {"step_clock": clock})
+        counters = after
     result["steal_share"] = steal_share(start, cpu_ticks())
     result["points"] = points
     return result

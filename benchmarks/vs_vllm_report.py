@@ -74,6 +74,28 @@ def footprint_rows(rounds: dict[str, list[dict[str, Any]]]) -> list[str]:
     return rows
 
 
+STEP_CLOCK_HEADER = [
+    "| level | steps | model execute ms per step | plan out beyond the execute, ms per step "
+    "| model busy share of the wall |",
+    "|---|---|---|---|---|",
+]
+
+
+def step_clock_rows(rounds: list[dict[str, Any]]) -> list[str]:
+    """pagedserve's step clock per level, medians over the rounds that recorded one."""
+    rows = []
+    for points in zip(*(r["points"] for r in rounds if r.get("points")), strict=True):
+        clocks = [p["step_clock"] for p in points if p.get("step_clock")]
+        if not clocks:
+            continue
+        m = {field: statistics.median(c[field] for c in clocks) for field in clocks[0]}
+        rows.append(
+            f"| {level_name(points[0])} | {m['steps']:.0f} | {m['execute_ms_per_step']:.1f} | "
+            f"{m['outside_execute_ms_per_step']:.2f} | {100 * m['execute_share']:.1f}% |"
+        )
+    return rows
+
+
 def machine_line(result: dict[str, Any]) -> str:
     m = result["machine"]
     caps = ", ".join(f"{k}={v}" for k, v in m["isa_env"].items()) or "none"
@@ -121,6 +143,13 @@ def report(result: dict[str, Any]) -> str:
         "",
         *FOOTPRINT_HEADER,
         *footprint_rows(result["rounds"]),
+        "",
+        "pagedserve's steps, from its engine's counters on /metrics (`benchmarks/step_clock.py`): "
+        "the model's execute, and how long each plan was out beyond it (messages both ways, "
+        "decoding the plan, sending the result, waiting for a core), medians over the rounds.",
+        "",
+        *STEP_CLOCK_HEADER,
+        *step_clock_rows(result["rounds"]["pagedserve"]),
         "",
         f"Command: `{result['command']}`",
     ]

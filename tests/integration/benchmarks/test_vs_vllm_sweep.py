@@ -39,11 +39,15 @@ def test_the_sweep_runs_against_pagedserve_alone(tmp_path: Path, monkeypatch) ->
     for p in round_["points"]:
         assert p["num_completed"] == 4 and p["num_failed"] == 0
         assert p["output_tok_s"] > 0 and 0 < p["ttft_p50_ms"] <= p["ttft_p99_ms"]
+        clock = p["step_clock"]  # the engine's counters moved with the level
+        assert clock["steps"] >= 1 and clock["execute_ms_per_step"] > 0
+        assert clock["outside_execute_ms_per_step"] > 0 and 0 < clock["execute_share"] < 1
     medians = result["medians"]["pagedserve"]
     assert [m["rounds_kept"] for m in medians] == [[1], [1], [1]]
     assert medians[1]["output_tok_s"] == round_["points"][1]["output_tok_s"]
     assert result["machine"]["torch_cpu_capability"] and result["dtype"] == "float32"
     text = out.with_suffix(".md").read_text()
     assert "| 4 req/s |" in text and "No peer" in text
+    assert "| 2 in flight | " in text.split("pagedserve's steps")[1]
     assert result["command"].startswith("python -m benchmarks.vs_vllm --model ")
     assert out.with_name("vs_vllm_rates.png").read_bytes()[:4] == b"\x89PNG"
