@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import multiprocessing
-import socket
 import statistics
 import sys
 import time
@@ -28,7 +26,10 @@ from typing import Any
 import zmq
 import zmq.asyncio
 
+from benchmarks.bench_args import ints
 from benchmarks.machine_info import machine_info
+from pagedserve.services.cli.loadgen.runner import write_json
+from pagedserve.services.cli.ports import free_port
 from pagedserve.shared.protocol import CachedSequence, StepPlan, StepResult, decode, encode
 from pagedserve.shared.transport import (
     AsyncPlanPublisher,
@@ -87,12 +88,6 @@ def addresses(transport: str) -> tuple[str, str]:
     if transport == "tcp":
         return f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     raise ValueError(f"transport must be ipc or tcp, got {transport!r}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 async def round_trips(transport: str, num_seqs: int, num_trips: int, pause_s: float) -> list[float]:
@@ -183,16 +178,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=None, help="write OUT.json and OUT.md")
     args = p.parse_args(argv)
     rows = [
-        measure(transport, int(n), args.num_trips, args.pause_ms / 1e3)
+        measure(transport, n, args.num_trips, args.pause_ms / 1e3)
         for transport in args.transports.split(",")
-        for n in args.num_seqs.split(",")
+        for n in ints(args.num_seqs)
     ]
     text = report(rows)
     print(text)
     if args.out:
         out = Path(args.out)
         result = {"machine": machine_info(), "args": vars(args), "rows": rows}
-        out.with_suffix(".json").write_text(json.dumps(result, indent=1) + "\n")
+        write_json(result, out.with_suffix(".json"))
         out.with_suffix(".md").write_text(text + "\n")
     return 0
 

@@ -71,3 +71,9 @@ def test_the_report_gives_the_median_over_rounds():
     rounds = [round_(300, 50.0), round_(320, 54.0), round_(310, 52.0)]
     assert step_clock_rows(rounds) == ["| 64 in flight | 310 | 52.0 | 2.00 | 90.0% |"]
     assert step_clock_rows([{"points": [{"max_concurrency": 4, "step_clock": None}]}]) == []
+
+
+def test_a_reading_that_never_settles_is_the_last_one_read(monkeypatch):
+    reads = iter([{"steps": float(i)} for i in range(20)])
+    monkeypatch.setattr(step_clock, "read_counters", lambda url: next(reads))
+    assert read_settled("http://x", interval_s=0) == {"steps": float(step_clock.MAX_SETTLE_READS)}
