@@ -95,6 +95,9 @@ class SchedulerConfig:
     # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
     # more than the steps they save (every row is a full pass through the weights on a CPU)
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+    # plan step N+1 while step N computes (vLLM's async scheduling): the worker keeps its own
+    # samples, and a decoding sequence is planned on a token still being sampled
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):

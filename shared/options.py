@@ -122,6 +122,8 @@ OPTIONS: dict[str, Option] = {
                     "checked per step (prompt lookup; output unchanged); 0: off"),
         Option("--speculative-max-num-seqs", DEFAULT_SPECULATIVE_MAX_NUM_SEQS, int,
                help="draft only in steps that run at most this many sequences"),
+        Option("--async-scheduling", False, switch=True,
+               help="plan each step while the last one computes (vLLM's); one rank only"),
         Option("--scheduling-policy", "fcfs", choices=("fcfs", "priority")),
         Option("--no-prefix-caching", False, switch=True),
         Option("--kv-cache-metrics", False, switch=True,

@@ -270,6 +270,9 @@ class NewSequence:
     num_scheduled_tokens: int  # tokens to compute this step, from num_computed_tokens on
     block_ids: list[int]  # the whole block table
     sampling: SamplingParams
+    # the worker appends what it samples for this sequence this step to its own tokens: the
+    # scheduler will not send it back, and may already have planned the next step on it
+    keep_sample: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -284,6 +287,7 @@ class CachedSequence:
     # speculative tokens computed after the known ones this step (never kept by the workers):
     # the step samples after the last known token and after each draft
     draft_token_ids: list[int] = field(default_factory=list)
+    keep_sample: bool = False  # as in NewSequence
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,6 +38,7 @@ class ServeOptions:
     scheduling_policy: str = "fcfs"
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+    async_scheduling: bool = False  # plan each step while the last computes (one rank only)
     kv_cache_metrics: bool = False  # KV block residency histograms (vLLM's)
     kv_cache_metrics_sample: float = 0.01
     host: str = LOOPBACK
@@ -121,6 +122,7 @@ def scheduler_spec(
         "policy": options.scheduling_policy,
         "num_speculative_tokens": options.num_speculative_tokens,
         "speculative_max_num_seqs": options.speculative_max_num_seqs,
+        "async_scheduling": options.async_scheduling,
         "block_size": options.block_size,
         "max_num_batched_tokens": options.max_num_batched_tokens,
         "max_model_len": options.max_model_len,

@@ -41,7 +41,7 @@ SERVE_OPTIONS = (
     "model", "served_model_name", "tensor_parallel_size", "dtype", "device",
     "attention_backend", "max_model_len", "max_num_seqs", "max_num_batched_tokens", "block_size",
     "gpu_memory_utilization", "kv_cache_memory", "enable_prefix_caching", "scheduling_policy",
-    "num_speculative_tokens", "speculative_max_num_seqs", "kv_cache_metrics",
+    "num_speculative_tokens", "speculative_max_num_seqs", "async_scheduling", "kv_cache_metrics",
     "kv_cache_metrics_sample",
     use("host", help="gateway bind address (default: loopback)"), "port", "num_gateways",
     "api_key",
@@ -115,6 +115,11 @@ def _check_bounds(o: ServeOptions) -> None:
         )
     except ValueError as exc:
         problems.append(str(exc).replace("_", "-"))
+    if o.async_scheduling and o.tensor_parallel_size != 1:
+        problems.append(
+            "--async-scheduling needs --tensor-parallel-size 1 (only rank 0 samples), "
+            f"got {o.tensor_parallel_size}"
+        )
     if problems:
         raise ValueError("; ".join(problems))
 

@@ -5,7 +5,13 @@ scheduled token and samples on rank 0.
 (full state), apply deltas to cached ones, compute `token_ids[num_computed : num_computed +
 num_scheduled]` of every scheduled sequence in one packed batch, and sample each sequence whose
 step reaches its last known token. Rank 0 returns a `StepResult` in plan order (new_seqs, then
-cached_seqs, sampled ones only); other ranks return None.
+cached_seqs, sampled ones only); other ranks return None. A sequence planned with
+`keep_sample` gets its sample appended to its tokens here (async scheduling: the next plan may
+already run on it; only with one rank, as only rank 0 samples).
+
+A step that fails (`forget_failed`) takes its sequences with it: the scheduler fails them, and
+a plan it made before it heard (async scheduling) may still name them; they sit that plan out
+instead of failing it for every other sequence.
 """
 
 from __future__ import annotations
@@ -122,6 +128,7 @@ class ModelRunner:
             self.num_blocks = self.platform.num_kv_blocks(sizing)
         self.kv_caches = layout.allocate(self.num_blocks, self.device)
         self.seqs: dict[str, SequenceState] = {}
+        self.failed_seq_ids: set[str] = set()  # dropped by a failed step (`forget_failed`)
         self.grammars = GrammarBook(GrammarCompiler(self.model_dir, self.vocab_size))
         self.platform.warm_up(self.kv_caches, self.triton_attention_shape(), self.vocab_size)
 
@@ -140,19 +147,33 @@ class ModelRunner:
     def drop_all(self) -> None:
         """Forget every sequence: the scheduler starts a new epoch from empty state."""
         self.seqs.clear()
+        self.failed_seq_ids.clear()
+
+    def forget_failed(self, plan: StepPlan) -> None:
+        """`execute(plan)` raised: drop the plan's sequences (their state may be half-applied)
+        and skip them in plans already made (see the module docstring)."""
+        for seq in (*plan.new_seqs, *plan.cached_seqs):
+            self.seqs.pop(seq.seq_id, None)
+            self.failed_seq_ids.add(seq.seq_id)
+        self.grammars.drop([s.seq_id for s in (*plan.new_seqs, *plan.cached_seqs)])
 
     def _apply_plan(self, plan: StepPlan) -> list[SequenceState]:
-        for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
+        gone = [*plan.finished_seq_ids, *plan.preempted_seq_ids]
+        for seq_id in gone:
             self.seqs.pop(seq_id, None)
-        self.grammars.drop([*plan.finished_seq_ids, *plan.preempted_seq_ids])
+        self.grammars.drop(gone)
+        self.failed_seq_ids.difference_update(gone)
         scheduled: list[SequenceState] = []
         for new in plan.new_seqs:
+            self.failed_seq_ids.discard(new.seq_id)
             state = SequenceState.from_new(new)
             self.seqs[new.seq_id] = state
             if self.rank == 0:
                 self.grammars.track(new.seq_id, new.sampling)
             scheduled.append(state)
         for delta in plan.cached_seqs:
+            if delta.seq_id in self.failed_seq_ids:
+                continue
             state = self.seqs.get(delta.seq_id)
             if state is None:
                 raise ValueError(f"step {plan.step_id}: unknown cached sequence {delta.seq_id}")
@@ -270,6 +291,10 @@ class ModelRunner:
             for s in sampled
         ]
         out = sample(logits, rows, allowed, self.argmax) if rows else None
+        if out is not None:
+            for state, token_id in zip(sampled, out.token_ids, strict=True):
+                if state.keep_sample:
+                    state.token_ids.append(token_id)
         return StepResult(
             step_id=step_id,
             seq_ids=[s.seq_id for s in sampled],

@@ -20,6 +20,7 @@ class SequenceState:
     prompt_logprobs: PromptLogprobsCollector | None = None  # when the request asked for them
     # this step's speculative tokens, computed after token_ids and never kept
     draft_token_ids: list[int] = field(default_factory=list)
+    keep_sample: bool = False  # append this step's sample to token_ids (async scheduling)
 
     @classmethod
     def from_new(cls, seq: NewSequence) -> SequenceState:
@@ -36,6 +37,7 @@ class SequenceState:
                 if seq.sampling.prompt_logprobs is None
                 else PromptLogprobsCollector(seq.num_prompt_tokens, seq.sampling.prompt_logprobs)
             ),
+            keep_sample=seq.keep_sample,
         )
 
     def apply(self, delta: CachedSequence) -> None:
@@ -44,6 +46,7 @@ class SequenceState:
         self.num_computed_tokens = delta.num_computed_tokens
         self.num_scheduled_tokens = delta.num_scheduled_tokens
         self.draft_token_ids = delta.draft_token_ids
+        self.keep_sample = delta.keep_sample
 
     @property
     def seq_len_after_step(self) -> int:

@@ -62,6 +62,9 @@ class Runner(Protocol):
     def drop_all(self) -> None:
         """Forget every sequence (a new scheduler epoch, or the scheduler lost)."""
 
+    def forget_failed(self, plan: StepPlan) -> None:
+        """`execute(plan)` raised: drop the plan's sequences."""
+
 
 class WorkerLoop:
     def __init__(
@@ -173,6 +176,7 @@ class WorkerLoop:
             logger.error(
                 "worker %d: step %d failed:\n%s", self.rank, plan.step_id, traceback.format_exc()
             )
+            self.runner.forget_failed(plan)
             result = StepResult(
                 step_id=plan.step_id,
                 seq_ids=[],

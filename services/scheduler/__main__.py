@@ -25,6 +25,7 @@ SCHEDULER_OPTIONS = (
     use("max_num_batched_tokens", help="default: what the workers report (their device's default)"),
     use("max_model_len", help="default: the smallest the workers report"),
     "max_waiting", "policy", "num_speculative_tokens", "speculative_max_num_seqs",
+    "async_scheduling",
     use("block_size", help="default: what the workers report (their device's default)"),
     "no_prefix_caching", "kv_cache_metrics", "kv_cache_metrics_sample", "worker_timeout",
     "step_timeout", "drain_timeout",
@@ -59,6 +60,7 @@ def main(argv: list[str] | None = None) -> int:
                 policy=args.policy,
                 num_speculative_tokens=args.num_speculative_tokens,
                 speculative_max_num_seqs=args.speculative_max_num_seqs,
+                async_scheduling=args.async_scheduling,
             ),
             cache_config=CacheConfig(
                 block_size=args.block_size,

@@ -63,6 +63,13 @@ class EngineLoopConfig:
     gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
     redis_sentinel: str | None = None  # "HOST:PORT,.../SERVICE": the primary via sentinels
 
+    def __post_init__(self) -> None:
+        if self.scheduler_config.async_scheduling and self.tensor_parallel_size != 1:
+            raise ValueError(
+                "async scheduling needs tensor_parallel_size 1 (only rank 0 samples, and the "
+                f"other ranks could not run on its samples), got {self.tensor_parallel_size}"
+            )
+
     @property
     def redis_target(self) -> RedisTarget:
         return RedisTarget.of(self.redis_url, self.redis_sentinel)

@@ -112,10 +112,12 @@ class KVCacheManager:
             f"{r.request_id}'s table of {len(table)} blocks cannot hold its "
             f"{r.num_computed_tokens} computed tokens"
         )
-        # while a step is out, its draft tokens count as computed beyond the known tokens
-        assert r.num_computed_tokens <= r.num_tokens + r.num_draft_tokens, (
-            f"{r.request_id} computed {r.num_computed_tokens} of {r.num_tokens} tokens "
-            f"and {r.num_draft_tokens} drafts"
+        # while a step is out, its draft tokens count as computed beyond the known tokens, and
+        # so does the token a plan made ahead runs on (async scheduling: its sample is kept)
+        ahead = 1 if len(r.kept_sample_steps) == 2 else 0
+        assert r.num_computed_tokens <= r.num_tokens + r.num_draft_tokens + ahead, (
+            f"{r.request_id} computed {r.num_computed_tokens} of {r.num_tokens} tokens, "
+            f"{r.num_draft_tokens} drafts and {ahead} sample in flight planned on"
         )
         assert r.needs_full_send or r.num_sent_blocks == len(table), (
             f"{r.request_id}: workers know {r.num_sent_blocks} blocks, table has {len(table)}"
@@ -180,10 +182,11 @@ class KVCacheManager:
         return appended
 
     def cache_blocks(self, request: Request) -> None:
-        """Put every block of the table that `num_computed_tokens` has filled in the cache."""
+        """Put every block of the table that `num_computed_tokens` has filled in the cache
+        (only over known tokens: a step planned on a sample in flight computes one more)."""
         if not self.enable_prefix_caching:
             return
-        num_full = request.num_computed_tokens // self.block_size
+        num_full = min(request.num_computed_tokens, request.num_tokens) // self.block_size
         rid = request.request_id
         num_cached = self._num_cached_blocks.get(rid, 0)
         if num_full <= num_cached:

@@ -43,6 +43,9 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     scheduled_step_id: int = -1  # the last plan that scheduled it
     num_draft_tokens: int = 0  # speculative tokens that plan also computed (in num_computed)
+    # plans whose sample of it the worker keeps (`keep_sample`), oldest first, until their
+    # results are applied: with async scheduling, the next plan may already compute on it
+    kept_sample_steps: list[int] = field(default_factory=list)
     num_preemptions: int = 0
     block_hashes: list[bytes] = field(default_factory=list)  # chained digests of full blocks
     # beam search: the client's request id this sequence is a beam of (beam_groups.py)
@@ -80,6 +83,7 @@ class Request:
             block_hashes=list(self.block_hashes),
             num_sent_tokens=0,
             num_sent_blocks=0,
+            kept_sample_steps=[],
             needs_full_send=True,
         )
 

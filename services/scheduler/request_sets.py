@@ -75,6 +75,7 @@ class RequestSets:
         request.num_sent_tokens = 0
         request.num_sent_blocks = 0
         request.num_draft_tokens = 0
+        request.kept_sample_steps.clear()  # the workers drop its state with what they kept
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.push_front(request)

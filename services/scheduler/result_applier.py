@@ -1,7 +1,9 @@
 """What a step's result does: the sampled tokens appended, finished requests freed, one
 `TokenDelta` per sequence that got a token or finished.
 
-A sequence aborted or preempted since its plan is skipped. A step that failed as a whole fails
+A sequence aborted or preempted since its plan is skipped. With async scheduling a result
+arrives after the next plan was made: a sample the worker kept (`Request.kept_sample_steps`)
+is applied in plan order, and the worker already holds it, so it is never sent back. A step that failed as a whole fails
 every sequence it ran; a sequence whose prompt was done but that got no token (and was not
 deferred while its grammar compiles) fails with the worker's reason, so that nothing waits
 forever. Accepted drafts count as computed only here: a rejected draft's KV is overwritten
@@ -62,23 +64,26 @@ class ResultApplier:
             self.sets.drop_finished_from_running()
             return [d for d in deltas if d is not None]
         for request in scheduled:
-            request.num_computed_tokens -= request.num_draft_tokens  # accepted ones: `_append`
+            if request.scheduled_step_id == plan.step_id:  # else a later plan reset the drafts
+                request.num_computed_tokens -= request.num_draft_tokens  # accepted: `_append`
             self.sets.kv.cache_blocks(request)
         deltas = self._apply_samples(plan.step_id, result)
         deltas += self.beams.advance()
         self._rerun_deferred(plan.step_id, result.deferred_seq_ids)
-        deltas += self._fail_unsampled(scheduled, result.seq_errors)
+        deltas += self._fail_unsampled(plan.step_id, scheduled, result.seq_errors)
         self.sets.drop_finished_from_running()
         return deltas
 
     def _live_scheduled(self, plan: StepPlan) -> list[Request]:
+        """The plan's requests still running as it planned them (a later plan may have
+        scheduled them again, on top of this one: async scheduling)."""
         live = []
         for seq in (*plan.new_seqs, *plan.cached_seqs):
             request = self.sets.requests.get(seq.seq_id)
             if (
                 request is not None
                 and request.status is RUNNING
-                and request.scheduled_step_id == plan.step_id
+                and request.scheduled_step_id >= plan.step_id
             ):
                 live.append(request)
         return live
@@ -91,7 +96,11 @@ class ResultApplier:
             request = requests.get(seq_id)
             if request is None or request.status is not RUNNING:
                 continue  # aborted or preempted since the plan
-            if request.scheduled_step_id != step_id or request.num_computed_tokens != len(
+            kept = bool(request.kept_sample_steps) and request.kept_sample_steps[0] == step_id
+            if kept:
+                request.kept_sample_steps.pop(0)
+                request.num_sent_tokens += 1  # the worker appended it itself
+            elif request.scheduled_step_id != step_id or request.num_computed_tokens != len(
                 request.all_token_ids
             ):
                 logger.warning("step %d sampled %s, which it did not reach", step_id, seq_id)
@@ -160,13 +169,20 @@ class ResultApplier:
             ):
                 request.num_computed_tokens -= 1
 
-    def _fail_unsampled(self, scheduled: list[Request], errors: dict[str, str]) -> list[TokenDelta]:
+    def _fail_unsampled(
+        self, step_id: int, scheduled: list[Request], errors: dict[str, str]
+    ) -> list[TokenDelta]:
         """A sequence whose step reached its last token must get one; without it, it would
         wait forever. Fail it loudly instead (with the worker's reason when it gave one: a
         grammar that does not compile is the request's fault)."""
         deltas = []
         for r in scheduled:
-            if r.status is not RUNNING or r.num_computed_tokens != r.num_tokens:
+            if r.status is not RUNNING:
+                continue
+            if r.scheduled_step_id != step_id:  # planned again already: was its sample kept?
+                if step_id not in r.kept_sample_steps:
+                    continue
+            elif r.num_computed_tokens != r.num_tokens:
                 continue
             if r.beam_group_id is not None and self.beams.has_result(r):
                 continue  # sampled; its group waits for the other beams

@@ -175,9 +175,15 @@ class Scheduler:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def schedule(self) -> StepPlan:
-        """Plan the next step (step_planner.py); every block it needs is allocated."""
-        return self._planner.schedule()
+    def schedule(self, plan_ahead: bool = False) -> StepPlan:
+        """Plan the next step (step_planner.py); every block it needs is allocated.
+        `plan_ahead`: the last plan's result is not in yet (async scheduling)."""
+        return self._planner.schedule(plan_ahead)
+
+    def can_plan_ahead(self) -> bool:
+        """Whether the next step may be planned before the last one's result (async
+        scheduling on, and no running sequence would fall a step behind)."""
+        return self._planner.can_plan_ahead()
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[TokenDelta]:
         """Apply what the workers sampled for `plan` (result_applier.py); returns one delta

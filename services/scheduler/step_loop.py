@@ -1,6 +1,12 @@
 """The step loop of an attached engine (the Scheduler is built), and the parts around it:
 see `engine_loop.py` for the shape of one step.
 
+With async scheduling (`SchedulerConfig.async_scheduling`) the next step is planned and
+published while the last one computes, whenever the Scheduler says nothing falls behind for
+it (`can_plan_ahead`): the worker finds its next plan waiting when it finishes a step, and the
+scheduler's own work (applying results, planning, Redis) overlaps the model's. At most two
+plans are in flight; results are applied in plan order.
+
 The engine loop hands it its parts explicitly: the engine's Redis IO, worker link, intake,
 backoff and stop event (which outlive it), the Scheduler, and the few settings it reads
 (`StepLoopConfig`). It builds what lives only while it serves: the outbox, the ledger, the
@@ -12,6 +18,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from redis.exceptions import RedisError
@@ -32,6 +39,7 @@ from pagedserve.services.scheduler.watchers import (
 )
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.services.scheduler.worker_recovery import recover_workers
+from pagedserve.shared.protocol import StepPlan
 from pagedserve.shared.tasks import cancel_and_wait
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,14 @@ class StepLoopConfig:
     drain_timeout_s: float
     worker_recovery_timeout_s: float
     gateway_check_interval_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class InFlight:
+    """A published plan whose result is awaited."""
+
+    plan: StepPlan
+    published: float  # perf_counter time
 
 
 class StepLoop:
@@ -78,6 +94,8 @@ class StepLoop:
         self.clock = StepClock()
         self.status = StatusReporter(io, link, scheduler, self.ledger, stopping, self.clock)
         self.cache_publisher = CachePublisher(io.redis, io.keys, config.engine_id, scheduler.kv)
+        self.in_flight: deque[InFlight] = deque()  # oldest first; two at most
+        self._last_received = 0.0  # perf_counter time the last result came in
 
     async def run(self) -> None:
         tasks = [
@@ -123,39 +141,64 @@ class StepLoop:
         while True:
             if self.stopping.is_set():
                 drain_deadline = drain_deadline or time.monotonic() + self.config.drain_timeout_s
-                if (
-                    not self.scheduler.has_unfinished_requests()
-                    or time.monotonic() > drain_deadline
+                done = not self.scheduler.has_unfinished_requests() and not self.in_flight
+                if done or time.monotonic() > drain_deadline:
+                    return
+            if not self.link.is_ready:
+                await self._drop_in_flight()
+                if not await recover_workers(
+                    self.link,
+                    self.ledger,
+                    self.outbox,
+                    self.config.worker_recovery_timeout_s,
+                    self.stopping,
                 ):
                     return
-            if not self.link.is_ready and not await recover_workers(
-                self.link,
-                self.ledger,
-                self.outbox,
-                self.config.worker_recovery_timeout_s,
-                self.stopping,
-            ):
-                return
             await self._step()
 
     async def _step(self) -> None:
+        """Plan and publish a step (ahead of the last one's result when the scheduler may),
+        then apply the oldest result."""
         started = self.clock.start()
         self._apply_intake()
-        plan = self.scheduler.schedule()
-        if plan.is_empty and not (plan.finished_seq_ids or plan.preempted_seq_ids):
+        plan_ahead = bool(self.in_flight)
+        if not plan_ahead or self.scheduler.can_plan_ahead():
+            plan = self.scheduler.schedule(plan_ahead)
+            if not plan.is_empty or plan.finished_seq_ids or plan.preempted_seq_ids:
+                self.ledger.note_scheduled(plan)
+                published = self.clock.published(started)  # before: the worker may start
+                self.link.publish(plan)
+                self.in_flight.append(InFlight(plan, published))
+        if not self.in_flight:
             await self._idle()
             return
-        self.ledger.note_scheduled(plan)
-        published = self.clock.published(started)  # before: the worker may start at once
-        self.link.publish(plan)
+        await self._apply_oldest()
+
+    async def _apply_oldest(self) -> None:
+        flight = self.in_flight[0]
         io = asyncio.create_task(self._overlapped_io())
-        result = await self.link.wait_result(plan.step_id, self.config.step_timeout_s)
-        received = self.clock.received(published, result.execute_time_s if result else 0.0)
+        result = await self.link.wait_result(flight.plan.step_id, self.config.step_timeout_s)
+        # the worker started on it when it was published or, if it was queued behind the
+        # last plan, when that one's result came
+        started = max(flight.published, self._last_received)
+        received = self._last_received = self.clock.received(
+            started, result.execute_time_s if result else 0.0
+        )
         await io
+        self.in_flight.popleft()
         if result is not None:
-            self.ledger.collect(self.scheduler.update_from_output(plan, result))
+            self.ledger.collect(self.scheduler.update_from_output(flight.plan, result))
+        else:
+            await self._drop_in_flight()
         self.clock.updated(received)
         self.status.after_step(self.outbox)
+
+    async def _drop_in_flight(self) -> None:
+        """The workers were lost: the link has answered every awaited plan with None, and
+        recovery preempts what they ran."""
+        while self.in_flight:
+            flight = self.in_flight.popleft()
+            await self.link.wait_result(flight.plan.step_id, self.config.step_timeout_s)
 
     async def _idle(self) -> None:
         self.status.after_step(self.outbox)

@@ -11,6 +11,13 @@ block it needs already allocated. The workers hear of a sequence in full once
 (`NewSequence`), then only of what is new (`CachedSequence`); a forked beam, or one whose
 shared block was just copied, in full again. A beam search is preempted whole, and its
 beams take no drafts (beam_groups.py).
+
+With async scheduling (`SchedulerConfig.async_scheduling`) the worker keeps what it samples
+for every plain sequence (`keep_sample`: no beam, no grammar, no drafts this step), and a plan
+made while the previous step still computes (`schedule(plan_ahead=True)`) runs each such
+sequence on the token that step is sampling: one scheduled token, nothing sent, its position
+the one after the last known token. A sequence that finishes on that sample has computed one
+token for nothing; its result is dropped (vLLM's async scheduling does the same).
 """
 
 from __future__ import annotations
@@ -37,12 +44,13 @@ class StepPlanner:
         self.num_prefix_cache_queries = 0  # prompt tokens looked up at admission
         self.num_prefix_cache_hits = 0  # of those, found in the prefix cache
 
-    def schedule(self) -> StepPlan:
+    def schedule(self, plan_ahead: bool = False) -> StepPlan:
+        """`plan_ahead`: the previous plan's result is not in yet (see the module docstring)."""
         step_id = self._next_step_id
         self._next_step_id += 1
         num_preempted_before = self.sets.num_preemptions
         token_budget = self.config.max_num_batched_tokens
-        planned, token_budget = self._schedule_running(step_id, token_budget)
+        planned, token_budget = self._schedule_running(step_id, token_budget, plan_ahead)
         new_seqs = [s for s in planned if isinstance(s, NewSequence)]
         cached_seqs = [s for s in planned if isinstance(s, CachedSequence)]
         # Admitting while preempting would only thrash: the freed blocks go to the running.
@@ -73,7 +81,37 @@ class StepPlanner:
             and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in running)
         )
 
-    def _schedule_running(self, step_id: int, token_budget: int) -> tuple[list, int]:
+    def can_plan_ahead(self) -> bool:
+        """Whether a plan made now, before the last plan's result, loses nothing: every running
+        sequence whose sample is in flight has it kept by the worker (so the plan can run it on
+        that sample), or it would sit the step out and fall a step behind."""
+        return self.config.async_scheduling and all(
+            r.kept_sample_steps or r.num_computed_tokens < r.num_tokens for r in self.sets.running
+        )
+
+    def _runs_on_sample_in_flight(self, request: Request) -> bool:
+        """Whether a plan made ahead may run `request` on the token its last plan samples:
+        that sample is kept, it is the only one in flight, and neither it nor the one after it
+        would reach the request's length limits (which end it for sure)."""
+        if len(request.kept_sample_steps) != 1 or request.num_computed_tokens != request.num_tokens:
+            return False
+        max_tokens = request.sampling.max_tokens
+        if max_tokens is not None and request.num_output_tokens + 2 > max_tokens:
+            return False
+        return request.num_tokens + 2 <= self.config.max_model_len
+
+    def _keeps_sample(self, request: Request, num_drafts: int) -> bool:
+        """Whether the worker keeps this step's sample of `request` (module docstring)."""
+        return (
+            self.config.async_scheduling
+            and num_drafts == 0
+            and request.beam_group_id is None
+            and request.sampling.structured_output is None
+        )
+
+    def _schedule_running(
+        self, step_id: int, token_budget: int, plan_ahead: bool = False
+    ) -> tuple[list, int]:
         running = self.sets.running  # only changed in place while planning
         planned: dict[str, CachedSequence | NewSequence] = {}  # in running order
         num_done = 0  # running[:num_done] are dealt with this step
@@ -81,6 +119,8 @@ class StepPlanner:
         while num_done < len(running) and token_budget > 0:
             request = running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
+            if plan_ahead and num_new == 0 and self._runs_on_sample_in_flight(request):
+                num_new = 1  # the token being sampled now (the worker appends it)
             drafts = (
                 self._drafts(request, token_budget)
                 if speculate and num_new == 1 and request.beam_group_id is None
@@ -192,6 +232,7 @@ class StepPlanner:
             num_scheduled_tokens=num_new,
             block_ids=block_ids,
             sampling=request.sampling,
+            keep_sample=self._keep(request, num_new, 0, step_id),
         )
         _mark_sent(request, num_new, len(block_ids), step_id)
         return seq
@@ -212,10 +253,21 @@ class StepPlanner:
             num_computed_tokens=request.num_computed_tokens,
             num_scheduled_tokens=num_new,
             draft_token_ids=drafts,
+            keep_sample=self._keep(request, num_new, len(drafts), step_id),
         )
         _mark_sent(request, num_new, num_blocks, step_id)
         request.num_draft_tokens = len(drafts)
         return seq
+
+
+    def _keep(self, request: Request, num_new: int, num_drafts: int, step_id: int) -> bool:
+        """Whether this step samples `request` with the worker keeping the sample; noted on
+        the request when it does (before `_mark_sent` advances it)."""
+        samples = request.num_computed_tokens + num_new >= request.num_tokens + num_drafts
+        keep = samples and self._keeps_sample(request, num_drafts)
+        if keep:
+            request.kept_sample_steps.append(step_id)
+        return keep
 
 
 def _mark_sent(request: Request, num_new: int, num_blocks: int, step_id: int) -> None:

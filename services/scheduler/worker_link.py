@@ -71,7 +71,8 @@ class WorkerLink:
         self.lost_reason: str | None = None
         self.last_step_id = -1
         self._ready = asyncio.Event()
-        self._result_waiter: tuple[int, asyncio.Future[StepResult | None]] | None = None
+        # per published plan whose result is awaited (two with async scheduling), in order
+        self._result_waiters: dict[int, asyncio.Future[StepResult | None]] = {}
         self._context = zmq.asyncio.Context()
         self._publisher: AsyncPlanPublisher | None = None
         self._puller: AsyncResultPuller | None = None
@@ -145,21 +146,21 @@ class WorkerLink:
     def publish(self, plan: StepPlan) -> None:
         assert self._publisher is not None, "start() first"
         self.last_step_id = plan.step_id
-        self._result_waiter = (plan.step_id, asyncio.get_running_loop().create_future())
+        self._result_waiters[plan.step_id] = asyncio.get_running_loop().create_future()
         self._publisher.send(plan)
 
     async def wait_result(self, step_id: int, timeout_s: float) -> StepResult | None:
-        """Rank 0's result for the plan just published, or None if a rank was lost or no
-        result came within `timeout_s` (then `lost_reason` says which)."""
-        assert self._result_waiter is not None and self._result_waiter[0] == step_id
-        future = self._result_waiter[1]
+        """Rank 0's result for a published plan, or None if a rank was lost or no result came
+        within `timeout_s` (then `lost_reason` says which). A lost rank answers every plan
+        still awaited with None."""
+        future = self._result_waiters[step_id]
         try:
             return await asyncio.wait_for(asyncio.shield(future), timeout_s)
         except TimeoutError:
             self._lose(f"no result for step {step_id} within {timeout_s:.1f}s")
             return None
         finally:
-            self._result_waiter = None
+            del self._result_waiters[step_id]
 
     # -- background tasks ------------------------------------------------------------------------
 
@@ -198,11 +199,11 @@ class WorkerLink:
 
     def _on_result(self, result: StepResult) -> None:
         self.ranks[0].last_seen = time.monotonic()
-        waiter = self._result_waiter
-        if waiter is None or waiter[0] != result.step_id or waiter[1].done():
+        waiter = self._result_waiters.get(result.step_id)
+        if waiter is None or waiter.done():
             logger.debug("dropping stale result of step %d", result.step_id)
             return
-        waiter[1].set_result(result)
+        waiter.set_result(result)
 
     def _on_hello(self, hello: WorkerHello) -> None:
         problem = self._hello_problem(hello)
@@ -257,5 +258,6 @@ class WorkerLink:
             logger.error("worker lost: %s", reason)
             self.lost_reason = reason
         self._ready.clear()
-        if self._result_waiter is not None and not self._result_waiter[1].done():
-            self._result_waiter[1].set_result(None)
+        for waiter in self._result_waiters.values():
+            if not waiter.done():
+                waiter.set_result(None)

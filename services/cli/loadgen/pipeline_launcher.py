@@ -32,6 +32,7 @@ class PipelineConfig:
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
     num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+    async_scheduling: bool = False  # plan each step while the last one computes
     startup_timeout_s: float = 180.0
 
 
@@ -64,6 +65,7 @@ class LocalPipeline:
             "engine_id": f"{self.namespace}-engine", "max_num_seqs": c.max_num_seqs, **engine,
             "num_speculative_tokens": c.num_speculative_tokens,
             "speculative_max_num_seqs": c.speculative_max_num_seqs,
+            "async_scheduling": c.async_scheduling,
         })  # fmt: skip
         worker = _python("pagedserve.services.gpu_worker", {
             "model": c.model_dir, "device": "cpu", "dtype": c.dtype, "num_blocks": c.num_blocks,

@@ -58,6 +58,10 @@ class FakeModel:
     def drop_all(self) -> None:
         self.seqs.clear()
 
+    def forget_failed(self, plan: StepPlan) -> None:
+        for seq in (*plan.new_seqs, *plan.cached_seqs):
+            self.seqs.pop(seq.seq_id, None)
+
     def execute(self, plan: StepPlan) -> StepResult:
         delay = self.step_delay_s + self.first_step_delay_s
         time.sleep(delay)

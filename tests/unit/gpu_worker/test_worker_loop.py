@@ -38,6 +38,10 @@ class FakeRunner:
     def drop_all(self) -> None:
         self.seqs.clear()
 
+    def forget_failed(self, plan: StepPlan) -> None:
+        for seq in (*plan.new_seqs, *plan.cached_seqs):
+            self.seqs.pop(seq.seq_id, None)
+
     def execute(self, plan: StepPlan) -> StepResult:
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)

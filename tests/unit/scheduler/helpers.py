@@ -11,7 +11,14 @@ from dataclasses import dataclass, field
 from pagedserve.services.gpu_worker.speculation import accepted
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
-from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepPlan, StepResult
+from pagedserve.shared.protocol import (
+    CachedSequence,
+    GenerateRequest,
+    NewSequence,
+    SamplingParams,
+    StepPlan,
+    StepResult,
+)
 
 
 def make_scheduler(
@@ -27,6 +34,7 @@ def make_scheduler(
     num_speculative_tokens: int = 0,
     speculative_max_num_seqs: int = 4,
     sliding_window: int | None = None,
+    async_scheduling: bool = False,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -38,6 +46,7 @@ def make_scheduler(
             enable_chunked_prefill=enable_chunked_prefill,
             num_speculative_tokens=num_speculative_tokens,
             speculative_max_num_seqs=speculative_max_num_seqs,
+            async_scheduling=async_scheduling,
         ),
         CacheConfig(
             block_size=block_size,
@@ -92,11 +101,19 @@ class FakeWorker:
             state = self.seqs[cached.seq_id]  # KeyError: a delta for a sequence never sent
             state.token_ids += cached.new_token_ids
             state.block_ids += cached.new_block_ids
-        sampled = []
+        sampled, tokens = [], []
         for s in (*plan.new_seqs, *plan.cached_seqs):
             if self._compute(s.seq_id, s.num_computed_tokens, s.num_scheduled_tokens):
                 sampled.append(s.seq_id)
-        return StepResult(plan.step_id, sampled, [next_token(i) for i in sampled])
+                tokens.append(next_token(s.seq_id))
+                self._keep(s, tokens[-1])
+        return StepResult(plan.step_id, sampled, tokens)
+
+    def _keep(self, seq: NewSequence | CachedSequence, token_id: int) -> None:
+        """A sample the plan says the worker keeps is appended to its tokens (async
+        scheduling), as the model runner does."""
+        if seq.keep_sample:
+            self.seqs[seq.seq_id].token_ids.append(token_id)
 
     def execute_model(self, plan: StepPlan, model: Callable[[list[int]], int]) -> StepResult:
         """As `execute`, for a deterministic "model" (the next token given all before it),
@@ -122,6 +139,7 @@ class FakeWorker:
                 sampled.append(s.seq_id)
                 first.append(after[0])
                 more.append(accepted(draft, after[0], after[1:]))
+                self._keep(s, after[0])
         return StepResult(plan.step_id, sampled, first, more_token_ids=more)
 
     def _compute(
