@@ -9,6 +9,9 @@ steal stayed under `--max-steal`, and every round's head/base throughput ratio i
 
     python -m benchmarks.serve_ab --base /work/base --rounds 4 --dtype float32 --threads 2 \\
       --out benchmarks/results/serve_ab
+
+A flag of one checkout against its default: the same checkout on both sides, and the flag in
+`--head-args` (e.g. `--base . --head-args=--async-scheduling`).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ class CheckoutServeConfig:
     dtype: str
     threads: int | None
     startup_timeout_s: float
+    serve_args: tuple[str, ...] = ()  # more `pagedserve serve` flags
 
 
 class CheckoutServer(PeerServer):
@@ -61,6 +65,7 @@ class CheckoutServer(PeerServer):
         c = self.config
         argv = ["env", "-C", str(c.checkout), str(c.checkout / ".venv/bin/pagedserve"), "serve"]
         argv += ["--model", c.model, "--dtype", c.dtype, "--port", str(self.port)]
+        argv += c.serve_args
         env = dict(os.environ)
         if c.threads:
             env["PAGEDSERVE_NUM_THREADS"] = str(c.threads)
@@ -78,10 +83,13 @@ def revision(checkout: Path) -> str:
     return out.stdout.strip()[:100]
 
 
-def run_side(args: argparse.Namespace, checkout: Path, plan: tuple) -> dict[str, Any]:
+def run_side(
+    args: argparse.Namespace, checkout: Path, serve_args: str, plan: tuple
+) -> dict[str, Any]:
     config = CheckoutServeConfig(
-        checkout, args.model, args.dtype_resolved, args.threads, args.startup_timeout
-    )
+        checkout, args.model, args.dtype_resolved, args.threads, args.startup_timeout,
+        tuple(shlex.split(serve_args)),
+    )  # fmt: skip
     log_path = Path(tempfile.gettempdir()) / f"pagedserve-serve-ab-{checkout.name}.log"
     print(f"starting {checkout}'s pagedserve serve (logs: {log_path})", flush=True)
     with log_path.open("w") as log, CheckoutServer(config, log=log) as server:
@@ -96,7 +104,8 @@ def alternate(args: argparse.Namespace, plan: tuple) -> dict[str, list[dict[str,
         order = ["base", "head"] if index % 2 == 0 else ["head", "base"]
         print(f"round {index + 1} of {args.rounds}: {' then '.join(order)}", flush=True)
         for side in order:
-            rounds[side].append(run_side(args, sides[side], plan))
+            serve_args = args.head_args if side == "head" else args.base_args
+            rounds[side].append(run_side(args, sides[side], serve_args, plan))
     return rounds
 
 
@@ -112,21 +121,40 @@ def ratios_by_round(rounds: dict[str, list[dict[str, Any]]]) -> list[list[float 
 
 
 def summary(result: dict[str, Any]) -> str:
-    lines = [f"base: {result['base']}", f"head: {result['head']}", ""]
-    lines += ["| level | base tok/s | head tok/s | head/base of medians | by round |"]
-    lines += ["|---|---|---|---|---|"]
+    lines = [
+        f"base: {result['base']} {result.get('base_args', '')}".rstrip(),
+        f"head: {result['head']} {result.get('head_args', '')}".rstrip(),
+        "",
+    ]
+    lines += ["| level | base tok/s | head tok/s | head/base of medians | by round | "
+              "TTFT p50 / p99 ms (base / head) | TPOT p50 / p99 ms (base / head) |"]  # fmt: skip
+    lines += ["|---|---|---|---|---|---|---|"]
     medians = result["medians"]
     for base, head, by_round in zip(
         medians["base"], medians["head"], result["ratios_by_round"], strict=True
     ):
         ratio = head["output_tok_s"] / base["output_tok_s"] if base["output_tok_s"] else None
         lines.append(
-            f"| {base['max_concurrency']} in flight | {base['output_tok_s']:.1f} | "
-            f"{head['output_tok_s']:.1f} | {ratio:.3f} | {by_round} |"
+            f"| {level_name(base)} | {base['output_tok_s']:.1f} | "
+            f"{head['output_tok_s']:.1f} | {ratio:.3f} | {by_round} | "
+            f"{_pair(base, head, 'ttft')} | {_pair(base, head, 'tpot')} |"
         )
     if by_round := [r for level in result["ratios_by_round"] for r in level if r]:
         lines += ["", f"median of every round's ratio: {statistics.median(by_round):.3f}"]
     return "\n".join(lines)
+
+
+def level_name(point: dict[str, Any]) -> str:
+    rate = point.get("request_rate")
+    return f"{rate:g} req/s" if rate else f"{point['max_concurrency']} in flight"
+
+
+def _pair(base: dict[str, Any], head: dict[str, Any], metric: str) -> str:
+    def ms(p: dict[str, Any], q: str) -> str:
+        value = p.get(f"{metric}_{q}_ms")
+        return "-" if value is None else f"{value:.0f}"
+
+    return f"{ms(base, 'p50')} / {ms(head, 'p50')}, {ms(base, 'p99')} / {ms(head, 'p99')}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -139,6 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", help="auto | float32 | bfloat16 (both sides)")
     add("--threads", type=int, default=None, help="PAGEDSERVE_NUM_THREADS of both workers")
     add("--concurrency", default="16,64", help="levels of requests in flight")
+    add("--rates", default="", help="Poisson request rates (req/s) after the levels")
+    add("--base-args", default="", help="more `pagedserve serve` flags of the base side")
+    add("--head-args", default="", help="more `pagedserve serve` flags of the head side")
     add("--rounds", type=int, default=4)
     add("--max-steal", type=float, default=0.10)
     add("--num-warmups", type=int, default=8)
@@ -151,13 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dtype_resolved = resolved_dtype(args.dtype)
     requests, tokenizer, _model_dir = build_workload(workload_args(args))
-    loads = sweep_loads(ints(args.concurrency), [], args.seed)
+    rates = [float(r) for r in args.rates.split(",") if r.strip()]
+    loads = sweep_loads(ints(args.concurrency), rates, args.seed)
     levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=True)
     warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
     result: dict[str, Any] = {
         "machine": machine_info() | {"lscpu_isa_flags": lscpu_isa()},
         "base": revision(Path(args.base)),
         "head": revision(Path(args.head)),
+        "base_args": args.base_args,
+        "head_args": args.head_args,
         "dtype": args.dtype_resolved,
         "threads": args.threads,
         "workload": workload_summary(requests),
