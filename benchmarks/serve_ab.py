@@ -27,7 +27,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from benchmarks.bench_args import add_workload_args, ints, resolved_dtype, workload_args
+from benchmarks.bench_args import (
+    add_workload_args,
+    floats,
+    ints,
+    resolved_dtype,
+    workload_args,
+)
 from benchmarks.machine_info import machine_info
 from benchmarks.peer_server import PeerServer
 from benchmarks.rate_sweep import median_over_rounds, sweep_loads
@@ -182,8 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.dtype_resolved = resolved_dtype(args.dtype)
     requests, tokenizer, _model_dir = build_workload(workload_args(args))
-    rates = [float(r) for r in args.rates.split(",") if r.strip()]
-    loads = sweep_loads(ints(args.concurrency), rates, args.seed)
+    loads = sweep_loads(ints(args.concurrency), floats(args.rates), args.seed)
     levels = plan_levels(requests, tokenizer, loads, args.seed, synthetic=True)
     warmup = warmup_requests(requests, tokenizer, args.num_warmups, args.seed + len(loads))
     result: dict[str, Any] = {

@@ -109,6 +109,7 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
         args.max_num_seqs,
         worker_threads=args.threads,
         startup_timeout_s=args.startup_timeout,
+        async_scheduling=args.async_scheduling,
     )
     return measure_server(
         "pagedserve",
@@ -169,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", help="auto | float32 | bfloat16 (both servers)")
     add("--threads", type=int, default=None, help="model threads of each server")
     add("--max-num-seqs", type=int, default=256)
+    add("--async-scheduling", action="store_true",
+        help="pagedserve plans each step while the last computes (vLLM's CPU build turns its "
+             "own off on CPU)")
     add("--concurrency", default="16,64", help="fixed levels of requests in flight")
     add("--rates", default="0.5,1,2", help="Poisson request rates (req/s) of the sweep")
     add("--rounds", type=int, default=1, help="alternated rounds; metrics are their medians")
@@ -196,6 +200,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine,
         "dtype": args.dtype_resolved,
         "threads": args.threads,
+        "async_scheduling": args.async_scheduling,
         "max_steal": args.max_steal,
         "workload": workload_summary(requests),
         "command": shlex.join(

@@ -103,7 +103,9 @@ def machine_line(result: dict[str, Any]) -> str:
         f"CPU: {m['cpu']}, {m['num_cpus']} cores, lscpu flags of note: "
         f"{', '.join(m.get('lscpu_isa_flags') or m['isa_flags']) or 'none'}; ISA caps: {caps}; "
         f"torch kernels: {m['torch_cpu_capability']}. {result['dtype']}, threads "
-        f"{result['threads'] or 'each server default'}; load before: "
+        f"{result['threads'] or 'each server default'}"
+        f"{'; pagedserve with --async-scheduling' if result.get('async_scheduling') else ''}"
+        "; load before: "
         f"{', '.join(f'{x:.2f}' for x in m['loadavg'])}."
     )
 

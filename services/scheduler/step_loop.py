@@ -46,6 +46,7 @@ logger = logging.getLogger(__name__)
 
 READ_COUNT = 64  # request entries taken per read, at most
 IDLE_BLOCK_MS = 100  # blocking read when there is nothing to run
+MAX_PLANS_OUT = 2  # async scheduling: the plan computing and the one planned on its samples
 
 
 @dataclass(frozen=True)
@@ -157,18 +158,22 @@ class StepLoop:
             await self._step()
 
     async def _step(self) -> None:
-        """Plan and publish a step (ahead of the last one's result when the scheduler may),
-        then apply the oldest result."""
+        """Plan and publish steps until two are out (one, unless the scheduler may plan ahead
+        of the last one's result), then apply the oldest result."""
         started = self.clock.start()
         self._apply_intake()
-        plan_ahead = bool(self.in_flight)
-        if not plan_ahead or self.scheduler.can_plan_ahead():
+        while len(self.in_flight) < MAX_PLANS_OUT:
+            plan_ahead = bool(self.in_flight)
+            if plan_ahead and not self.scheduler.can_plan_ahead():
+                break
             plan = self.scheduler.schedule(plan_ahead)
-            if not plan.is_empty or plan.finished_seq_ids or plan.preempted_seq_ids:
-                self.ledger.note_scheduled(plan)
-                published = self.clock.published(started)  # before: the worker may start
-                self.link.publish(plan)
-                self.in_flight.append(InFlight(plan, published))
+            if plan.is_empty and not (plan.finished_seq_ids or plan.preempted_seq_ids):
+                break
+            self.ledger.note_scheduled(plan)
+            published = self.clock.published(started)  # before: the worker may start
+            self.link.publish(plan)
+            self.in_flight.append(InFlight(plan, published))
+            started = published
         if not self.in_flight:
             await self._idle()
             return

@@ -54,13 +54,16 @@ class FakeModel:
         self.step_delay_s = step_delay_s
         self.first_step_delay_s = first_step_delay_s  # one slow step (a big prefill, a compile)
         self.seqs: dict[str, int] = {}  # seq id -> number of known tokens
+        self.failed: set[str] = set()  # dropped by a failed step, as the model runner does
 
     def drop_all(self) -> None:
         self.seqs.clear()
+        self.failed.clear()
 
     def forget_failed(self, plan: StepPlan) -> None:
         for seq in (*plan.new_seqs, *plan.cached_seqs):
             self.seqs.pop(seq.seq_id, None)
+            self.failed.add(seq.seq_id)
 
     def execute(self, plan: StepPlan) -> StepResult:
         delay = self.step_delay_s + self.first_step_delay_s
@@ -68,18 +71,27 @@ class FakeModel:
         self.first_step_delay_s = 0.0
         for seq_id in (*plan.finished_seq_ids, *plan.preempted_seq_ids):
             self.seqs.pop(seq_id, None)
+            self.failed.discard(seq_id)
         sampled = []
         for new in plan.new_seqs:
             if POISON in new.token_ids:
                 raise RuntimeError("poisoned prompt")
+            self.failed.discard(new.seq_id)
             self.seqs[new.seq_id] = len(new.token_ids)
             if new.num_computed_tokens + new.num_scheduled_tokens == len(new.token_ids):
-                sampled.append(new.seq_id)
+                sampled.append(new)
         for cached in plan.cached_seqs:
+            if cached.seq_id in self.failed:
+                continue
             self.seqs[cached.seq_id] += len(cached.new_token_ids)
-            if cached.num_computed_tokens + cached.num_scheduled_tokens == self.seqs[cached.seq_id]:
-                sampled.append(cached.seq_id)
-        return StepResult(plan.step_id, sampled, [TOKEN] * len(sampled), execute_time_s=delay)
+            end = cached.num_computed_tokens + cached.num_scheduled_tokens
+            assert end <= self.seqs[cached.seq_id], f"{cached.seq_id}: a token it does not hold"
+            if end == self.seqs[cached.seq_id]:
+                sampled.append(cached)
+        for seq in sampled:
+            self.seqs[seq.seq_id] += seq.keep_sample  # async scheduling: it holds its sample
+        return StepResult(plan.step_id, [s.seq_id for s in sampled], [TOKEN] * len(sampled),
+                          execute_time_s=delay)  # fmt: skip
 
 
 class EngineHarness:
@@ -88,14 +100,15 @@ class EngineHarness:
     def __init__(self, redis_url: str, namespace: str, engine_id: str = "e1",
                  step_delay_s: float = 0.0, max_waiting: int = 4096,
                  worker_timeout_s: float = 5.0,
-                 model: FakeModel | None = None) -> None:  # fmt: skip
+                 model: FakeModel | None = None, async_scheduling: bool = False) -> None:  # fmt: skip
         plan_port, result_port = free_port(), free_port()
         self.engine = EngineLoop(
             EngineLoopConfig(
                 engine_id=engine_id, redis_url=redis_url, namespace=namespace,
                 plan_address=f"tcp://127.0.0.1:{plan_port}",
                 result_address=f"tcp://127.0.0.1:{result_port}",
-                scheduler_config=SchedulerConfig(max_model_len=128, max_waiting=max_waiting),
+                scheduler_config=SchedulerConfig(max_model_len=128, max_waiting=max_waiting,
+                                                 async_scheduling=async_scheduling),
                 cache_config=CacheConfig(block_size=16), worker_timeout_s=worker_timeout_s,
                 gateway_check_interval_s=0.5,
             )
@@ -180,9 +193,9 @@ def namespace() -> str:
     return f"loop-{uuid.uuid4().hex[:8]}"
 
 
-@pytest.fixture
-def engine(redis_url, namespace):
-    harness = EngineHarness(redis_url, namespace)
+@pytest.fixture(params=[False, True], ids=["sync", "async-scheduling"])
+def engine(redis_url, namespace, request):
+    harness = EngineHarness(redis_url, namespace, async_scheduling=request.param)
     harness.wait_ready()
     yield harness
     harness.stop()

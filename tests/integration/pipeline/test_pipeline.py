@@ -22,10 +22,12 @@ PROMPTS = ["The quick brown fox", "Paged attention stores", "Hello, world! How a
 MAX_TOKENS = 12
 
 
-@pytest.fixture(scope="module")
-def pipeline(pipeline_factory):
+@pytest.fixture(scope="module", params=["sync", "async-scheduling"])
+def pipeline(pipeline_factory, request):
+    """Every test twice: steps planned one after the other, and with async scheduling (the
+    next step planned while the last computes), which must answer the same."""
     pipeline = pipeline_factory()
-    add_engine(pipeline, ENGINE_ID)
+    add_engine(pipeline, ENGINE_ID, 1, *(("--async-scheduling",) * (request.param != "sync")))
     add_gateway(pipeline, "gw-one")
     add_gateway(pipeline, "gw-two")
     wait_until_serving(pipeline)

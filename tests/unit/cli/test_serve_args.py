@@ -60,6 +60,7 @@ def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--kv-cache-memory", "0"], "--kv-cache-memory must be >= 1 byte, got 0"),
         (["--api-key", ""], "--api-key must not be empty"),
         (["--engine-loss-timeout", "0"], "--engine-loss-timeout must be > 0, got 0.0"),
+        (["--async-scheduling", "-tp", "2"], "--async-scheduling needs --tensor-parallel-size 1"),
     ],
 )
 def test_bad_values_name_the_flag_and_the_bound(argv, message) -> None:
@@ -152,6 +153,13 @@ def test_the_kv_cache_metrics_flags_reach_the_scheduler(argv, want) -> None:
     plan = plan_launch(parse(*argv), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
     args = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
     assert (args.kv_cache_metrics, args.kv_cache_metrics_sample) == want
+
+
+@pytest.mark.parametrize("argv", [(), ("--async-scheduling",)])
+def test_async_scheduling_reaches_the_scheduler(argv) -> None:
+    plan = plan_launch(parse(*argv), "/models/m", "redis://127.0.0.1:7001/0", PORTS)
+    args = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+    assert args.async_scheduling is bool(argv)
 
 
 def test_a_kv_cache_metrics_sample_outside_0_1_is_refused() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
@@ -207,3 +208,50 @@ def test_mistral_sliding_window_no_longer_caps_max_model_len(tmp_path):
     prompt = list(range(3, 60))  # longer than the window
     result = runner.execute(StepPlan(0, new_seqs=[new_seq("a", prompt, range(15))]))
     assert result.token_ids == hf_greedy(load_hf(model_dir), prompt, 1).token_ids
+
+
+def kept(seq: NewSequence) -> NewSequence:
+    return dataclasses.replace(seq, keep_sample=True)
+
+
+def test_kept_samples_let_plans_run_on_tokens_still_being_sampled(tiny_llama_dir):
+    """Async scheduling: every plan is made before the result of the one before it: it sends
+    no token, and schedules the position of the token that step samples. Greedy outputs
+    still match HF."""
+    runner = make_runner(tiny_llama_dir)
+    prompts = {"a": list(range(3, 20)), "b": [7, 9]}
+    blocks = {"a": range(0, 8), "b": range(8, 12)}
+    plans = [StepPlan(0, new_seqs=[kept(new_seq(s, p, blocks[s])) for s, p in prompts.items()])]
+    for step in range(1, 10):
+        plans.append(StepPlan(step, cached_seqs=[
+            CachedSequence(s, [], [], len(p) + step - 1, 1, keep_sample=True)
+            for s, p in prompts.items()
+        ]))  # fmt: skip
+    outputs: dict[str, list[int]] = {s: [] for s in prompts}
+    for plan in plans:
+        result = runner.execute(plan)
+        for s, t in zip(result.seq_ids, result.token_ids, strict=True):
+            outputs[s].append(t)
+    hf = load_hf(tiny_llama_dir)
+    for s, p in prompts.items():
+        assert runner.seqs[s].token_ids == p + outputs[s]
+        assert_matches_hf(outputs[s], hf_greedy(hf, p, 10), s)
+
+
+def test_a_failed_steps_sequences_sit_out_the_plan_made_before_it_was_heard_of(tiny_llama_dir):
+    runner = make_runner(tiny_llama_dir)
+    runner.execute(StepPlan(0, new_seqs=[kept(new_seq("a", [5, 6], [0])),
+                                         kept(new_seq("b", [8, 9], [1]))]))  # fmt: skip
+    bad = StepPlan(1, cached_seqs=[CachedSequence("a", [], [], 2, 5, keep_sample=True),
+                                   CachedSequence("b", [], [], 2, 1, keep_sample=True)])  # fmt: skip
+    with pytest.raises(ValueError, match="sequence a: scheduled tokens"):
+        runner.execute(bad)
+    runner.forget_failed(bad)
+    assert "a" not in runner.seqs and "b" not in runner.seqs
+    ahead = StepPlan(2, new_seqs=[new_seq("c", [4, 5, 6], [2])],
+                     cached_seqs=[CachedSequence("a", [], [], 3, 1, keep_sample=True)])  # fmt: skip
+    assert runner.execute(ahead).seq_ids == ["c"]  # "a" sat it out; "c" was not failed for it
+    runner.execute(StepPlan(3, finished_seq_ids=["a", "b"]))
+    assert runner.failed_seq_ids == set()
+    with pytest.raises(ValueError, match="unknown cached sequence a"):
+        runner.execute(StepPlan(4, cached_seqs=[CachedSequence("a", [], [], 3, 1)]))

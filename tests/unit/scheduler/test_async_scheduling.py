@@ -45,21 +45,24 @@ def scheduler(async_scheduling: bool, num_blocks: int = 20) -> tuple[Scheduler, 
 
 
 def drive(s: Scheduler, worker: FakeWorker, arrivals, ahead: bool) -> tuple[dict, list[StepPlan]]:
-    """The step loop's order: plan (ahead of the last result when allowed), then apply the
-    oldest result; the worker runs plans in the order they were made."""
+    """The step loop's order: plan until two plans are out (ahead of the last result, when
+    allowed), then apply the oldest result; the worker runs plans in the order they were made.
+    Returns the outputs and the plans made ahead."""
     outputs: dict[str, list] = defaultdict(list)
-    plans: list[StepPlan] = []
+    plans_ahead: list[StepPlan] = []
     in_flight: deque[StepPlan] = deque()
     last_arrival = max(arrivals)
     for tick in range(2000):
         for request in arrivals.get(tick, []):
             s.add_request(request)
-        if not in_flight or (ahead and s.can_plan_ahead()):
+        while len(in_flight) < 2 and (not in_flight or (ahead and s.can_plan_ahead())):
             plan = s.schedule(plan_ahead=bool(in_flight))
             s.check_integrity()
-            if not plan.is_empty or plan.finished_seq_ids or plan.preempted_seq_ids:
-                in_flight.append(plan)
-                plans.append(plan)
+            if plan.is_empty and not (plan.finished_seq_ids or plan.preempted_seq_ids):
+                break
+            if in_flight:
+                plans_ahead.append(plan)
+            in_flight.append(plan)
         if not in_flight:
             if tick > last_arrival and not s.has_unfinished_requests():
                 break
@@ -72,32 +75,31 @@ def drive(s: Scheduler, worker: FakeWorker, arrivals, ahead: bool) -> tuple[dict
         s.check_integrity()
     assert not s.has_unfinished_requests() and not in_flight
     assert s.kv.num_free_blocks == s.num_blocks, "blocks leaked"
-    return dict(outputs), plans
+    return dict(outputs), plans_ahead
 
 
-def planned_on_samples_in_flight(plans: list[StepPlan]) -> int:
+def planned_on_samples_in_flight(plans_ahead: list[StepPlan]) -> int:
+    """Sequences that plans made ahead ran on a sample still in flight."""
     return sum(
         1
-        for plan in plans
+        for plan in plans_ahead
         for seq in plan.cached_seqs
         if seq.keep_sample and not seq.new_token_ids and seq.num_scheduled_tokens == 1
-        and seq.num_computed_tokens > 0 and plan.step_id > 0
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("num_blocks", [64, 20])  # 20: preemptions
 def test_planning_ahead_gives_every_output_a_step_by_step_run_gives(num_blocks):
-    reference, _ = drive(*scheduler(False, num_blocks), workload(), ahead=False)
-    kept, kept_plans = drive(*scheduler(True, num_blocks), workload(), ahead=False)
+    reference, none_ahead = drive(*scheduler(False, num_blocks), workload(), ahead=True)
+    kept, _ = drive(*scheduler(True, num_blocks), workload(), ahead=False)
     s, worker = scheduler(True, num_blocks)
-    ahead, ahead_plans = drive(s, worker, workload(), ahead=True)
-    assert kept == reference
+    ahead, plans_ahead = drive(s, worker, workload(), ahead=True)
+    assert none_ahead == []  # without async scheduling nothing is planned ahead
+    assert kept == reference  # samples kept, steps one after the other
     assert ahead == reference
     assert len(reference) == 14 and all(o[-1] in ("stop", "length") for o in reference.values())
-    assert not any(seq.keep_sample for p in kept_plans for seq in p.cached_seqs if seq.new_token_ids)
-    # the plans made ahead ran on samples in flight, and took fewer round trips' worth of
-    # waiting: more plans were out while the last was computing
-    assert planned_on_samples_in_flight(ahead_plans) > 20
+    assert len(plans_ahead) > 10
+    assert planned_on_samples_in_flight(plans_ahead) > 20
     if num_blocks == 20:
         assert s.stats().num_preemptions > 0
 
@@ -182,3 +184,20 @@ def test_without_async_scheduling_nothing_is_kept_or_planned_ahead():
     s.add_request(make_request("a", 5, max_tokens=10))
     assert not s.schedule().new_seqs[0].keep_sample
     assert not s.can_plan_ahead()
+
+
+def test_blocks_are_hashed_over_known_tokens_so_a_follow_up_prompt_hits_them_all():
+    """A step planned ahead counts the token being sampled as computed before it is known:
+    hashing that block then would cache it under a digest of too few tokens, and a prompt
+    that continues the answer would miss it and every block after it."""
+    s, worker = scheduler(True, num_blocks=64)
+    prompt = [11, 12, 13, 14, 15, 16]
+    outputs, plans_ahead = drive(
+        s, worker, {0: [make_request("a", prompt, max_tokens=12, ignore_eos=True)]}, ahead=True
+    )
+    assert planned_on_samples_in_flight(plans_ahead) >= 8
+    answer = [t for t in outputs["a"] if isinstance(t, int)]
+    follow_up = prompt + answer  # 18 tokens: 4 full blocks computed while "a" ran
+    hits_before = s.stats().prefix_cache_hits
+    drive(s, worker, {0: [make_request("b", follow_up, max_tokens=1)]}, ahead=True)
+    assert s.stats().prefix_cache_hits - hits_before == 16

@@ -150,6 +150,30 @@ def test_results_are_matched_to_their_step_and_stale_ones_dropped():
     asyncio.run(with_link(scenario))
 
 
+def test_two_plans_out_get_their_own_results_and_a_loss_answers_both():
+    """Async scheduling publishes the next plan before the last result: each waiter gets its
+    own step's result, whatever order they come in, and a lost rank fails every plan out."""
+
+    async def scenario(link, ranks):
+        await ranks[0].scheduler_epoch()
+        for rank in ranks:
+            rank.pusher.send(hello(rank.rank))
+        assert await link.wait_ready(2.0)
+        link.publish(StepPlan(3))
+        link.publish(StepPlan(4))
+        ranks[0].pusher.send(StepResult(4, ["b"], [9]))
+        ranks[0].pusher.send(StepResult(3, ["a"], [5]))
+        assert (await link.wait_result(3, timeout_s=2.0)).token_ids == [5]
+        assert (await link.wait_result(4, timeout_s=2.0)).token_ids == [9]
+        link.publish(StepPlan(5))
+        link.publish(StepPlan(6))
+        assert await link.wait_result(5, timeout_s=0.3) is None  # no result in time: lost
+        assert await link.wait_result(6, timeout_s=10.0) is None  # answered at once
+        assert "no result for step 5" in link.lost_reason
+
+    asyncio.run(with_link(scenario))
+
+
 def test_a_silent_rank_is_lost_and_the_step_in_flight_fails():
     async def scenario(link, ranks):
         await ranks[0].scheduler_epoch()
