@@ -48,6 +48,7 @@ class EngineStatus:
     scheduling_s: float = 0.0  # the scheduler's own work between steps: the worker waits
     step_in_flight_s: float = 0.0  # plan published -> result received
     worker_execute_s: float = 0.0  # rank 0's model execution inside that
+    steps_planned_ahead: int = 0  # before the last step's result (async scheduling)
     num_speculative_tokens: int = 0  # draft tokens per sequence and step; 0: no speculation
     spec_accepted_per_pos: str = ""  # drafts accepted at each draft position, comma-separated
     # --kv-cache-metrics: sampled blocks' residency (status_histogram.py encodings); "": off

@@ -48,6 +48,10 @@ ENGINE_COUNTERS = {
         "Seconds the schedulers worked between steps",
         "scheduling_s",
     ),
+    "pagedserve:steps_planned_ahead": (
+        "Steps planned before the last step's result (async scheduling)",
+        "steps_planned_ahead",
+    ),
 }
 SPEC_COUNTERS = {
     "vllm:spec_decode_num_drafts": ("Sequence-steps with speculative drafts", "spec_num_drafts"),

@@ -89,6 +89,7 @@ class StatusReporter:
             scheduling_s=self._clock.scheduling_s,
             step_in_flight_s=self._clock.in_flight_s,
             worker_execute_s=self._clock.worker_execute_s,
+            steps_planned_ahead=self._clock.planned_ahead,
             **metric_fields(self._scheduler),
         )
 

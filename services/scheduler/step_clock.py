@@ -7,9 +7,12 @@ carrying plans and results, and the scheduler's own work between two steps.
 (the second scheduling part also waits for whatever Redis I/O of the step is still running)
 
 `worker_execute_s` is rank 0's own measure of `execute` (StepResult.execute_time_s);
-`in_flight_s - worker_execute_s` is the link and the wake-ups on both sides. The worker is idle
-for the scheduling part (the steps are not pipelined), so `worker_execute_s / elapsed wall time`
-is how busy the model is kept: what vLLM reports as model-execute time against step time.
+`in_flight_s - worker_execute_s` is the link and the wake-ups on both sides. Without async
+scheduling the worker is idle for the scheduling part; with it, a plan made ahead waits at the
+worker while the last one computes, so its time in flight counts from the last result on
+(`planned_ahead` counts those steps), and the scheduling overlaps the model. Either way
+`worker_execute_s / elapsed wall time` is how busy the model is kept: what vLLM reports as
+model-execute time against step time.
 The totals go into the engine's status record and out as `/metrics` counters.
 """
 
@@ -24,6 +27,7 @@ class StepClock:
     scheduling_s: float = 0.0  # between steps: before publishing, and after the result
     in_flight_s: float = 0.0  # publish -> rank 0's result received
     worker_execute_s: float = 0.0  # rank 0's execute() time, summed over its results
+    planned_ahead: int = 0  # steps planned before the last one's result (async scheduling)
 
     def start(self) -> float:
         return time.perf_counter()

@@ -173,6 +173,7 @@ class StepLoop:
             published = self.clock.published(started)  # before: the worker may start
             self.link.publish(plan)
             self.in_flight.append(InFlight(plan, published))
+            self.clock.planned_ahead += plan_ahead
             started = published
         if not self.in_flight:
             await self._idle()

@@ -6,7 +6,8 @@ the level's wall time. A server without those counters (transformers serve, vLLM
     in_flight   plan out -> result in (execute, plus the link and the wake-ups)
     scheduling  the scheduler's work between steps, while the worker waits
 
-and, where speculative decoding ran, how many draft tokens were checked and accepted.
+and, where speculative decoding ran, how many draft tokens were checked and accepted; with
+async scheduling, the share of steps planned before the last one's result.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ COUNTERS = {
     "scheduling": "pagedserve:scheduling_seconds_total",
     "draft_tokens": "vllm:spec_decode_num_draft_tokens_total",
     "accepted_tokens": "vllm:spec_decode_num_accepted_tokens_total",
+    "steps": "vllm:iteration_tokens_total_count",
+    "planned_ahead": "pagedserve:steps_planned_ahead_total",
 }
 SECONDS = ("execute", "in_flight", "scheduling")
 
@@ -60,6 +63,8 @@ def format_shares(shares: dict[str, float] | None) -> str:
         f", model busy {100 * shares['execute']:.0f}% of the wall time (in flight "
         f"{100 * shares['in_flight']:.0f}%, scheduling {100 * shares['scheduling']:.0f}%)"
     )
+    if shares.get("planned_ahead") and shares.get("steps"):
+        text += f", {100 * shares['planned_ahead'] / shares['steps']:.0f}% of steps planned ahead"
     drafts = shares["draft_tokens"]
     if drafts:
         accepted = shares["accepted_tokens"]

@@ -21,8 +21,9 @@ LABELS = '{model_name="m"}'
 
 
 def exposition(
-    execute: float, in_flight: float, scheduling: float, drafts: int = 0, accepted: int = 0
-) -> str:
+    execute: float, in_flight: float, scheduling: float, drafts: int = 0, accepted: int = 0,
+    steps: int = 0, planned_ahead: int = 0,
+) -> str:  # fmt: skip
     return (
         "# TYPE pagedserve:worker_execute_seconds counter\n"
         f"pagedserve:worker_execute_seconds_total{LABELS} {execute}\n"
@@ -31,6 +32,8 @@ def exposition(
         f"vllm:spec_decode_num_draft_tokens_total{LABELS} {drafts}\n"
         f"vllm:spec_decode_num_accepted_tokens_total{LABELS} {accepted}\n"
         f"vllm:num_requests_running{LABELS} 2.0\n"
+        f"vllm:iteration_tokens_total_count{LABELS} {steps}\n"
+        f"pagedserve:steps_planned_ahead_total{LABELS} {planned_ahead}\n"
     )
 
 
@@ -71,13 +74,25 @@ def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
         before, after = read_engine_seconds(endpoint), read_engine_seconds(endpoint)
     assert seen == [("/metrics", "Bearer k")] * 2  # a gateway may require its key on /metrics
     assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0,
-                      "draft_tokens": 30, "accepted_tokens": 10}  # fmt: skip
+                      "draft_tokens": 30, "accepted_tokens": 10, "steps": 0,
+                      "planned_ahead": 0}  # fmt: skip
     shares = engine_time_shares(before, after, wall_s=10.0)
     assert shares == pytest.approx({"execute": 0.75, "in_flight": 0.8, "scheduling": 0.05,
-                                    "draft_tokens": 100, "accepted_tokens": 60})  # fmt: skip
+                                    "draft_tokens": 100, "accepted_tokens": 60, "steps": 0,
+                                    "planned_ahead": 0})  # fmt: skip
     text = format_shares(shares)
     assert "model busy 75%" in text and "drafts accepted 60 of 100 (60%)" in text
     assert "drafts" not in format_shares({**shares, "draft_tokens": 0, "accepted_tokens": 0})
+    assert "planned ahead" not in text
+
+
+def test_with_async_scheduling_the_share_of_steps_planned_ahead_is_shown() -> None:
+    readings = [(200, exposition(1.0, 1.0, 0.1, steps=100, planned_ahead=90)),
+                (200, exposition(9.0, 9.5, 0.2, steps=300, planned_ahead=280))]  # fmt: skip
+    with metrics_server(readings) as endpoint:
+        before, after = read_engine_seconds(endpoint), read_engine_seconds(endpoint)
+    text = format_shares(engine_time_shares(before, after, wall_s=10.0))
+    assert "model busy 80%" in text and "95% of steps planned ahead" in text
 
 
 @pytest.mark.parametrize(
@@ -105,4 +120,5 @@ def test_an_engine_that_does_not_speculate_reads_zero_drafts() -> None:
     with metrics_server([(200, body)]) as endpoint:
         reading = read_engine_seconds(endpoint)
     assert reading == {"execute": 4.0, "in_flight": 5.0, "scheduling": 0.5,
-                       "draft_tokens": 0.0, "accepted_tokens": 0.0}  # fmt: skip
+                       "draft_tokens": 0.0, "accepted_tokens": 0.0, "steps": 0.0,
+                       "planned_ahead": 0.0}  # fmt: skip
