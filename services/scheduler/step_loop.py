@@ -161,6 +161,8 @@ class StepLoop:
         """Plan and publish steps until two are out (one, unless the scheduler may plan ahead
         of the last one's result), then apply the oldest result."""
         started = self.clock.start()
+        if self.in_flight:
+            await self._read_arrivals()
         self._apply_intake()
         while len(self.in_flight) < MAX_PLANS_OUT:
             plan_ahead = bool(self.in_flight)
@@ -180,9 +182,17 @@ class StepLoop:
             return
         await self._apply_oldest()
 
+    async def _read_arrivals(self) -> None:
+        """A step computes while the next is planned (async scheduling): read what arrived
+        during it first, or a new request would wait a step longer than without planning
+        ahead. Not while Redis is being backed off (the overlapped read retries it)."""
+        if self.backoff.remaining_s <= 0:
+            await self.intake.read(self._read_budget(), block_ms=None)
+
     async def _apply_oldest(self) -> None:
         flight = self.in_flight[0]
-        io = asyncio.create_task(self._overlapped_io())
+        # with a plan made ahead, the next step reads new requests just before it plans
+        io = asyncio.create_task(self._overlapped_io(read=len(self.in_flight) == 1))
         result = await self.link.wait_result(flight.plan.step_id, self.config.step_timeout_s)
         # the worker started on it when it was published or, if it was queued behind the
         # last plan, when that one's result came
@@ -217,9 +227,10 @@ class StepLoop:
         block_ms = None if busy or self.stopping.is_set() else IDLE_BLOCK_MS
         await self.intake.read(self._read_budget(), block_ms)
 
-    async def _overlapped_io(self) -> None:
+    async def _overlapped_io(self, read: bool = True) -> None:
         await self.outbox.flush()
-        await self.intake.read(self._read_budget(), block_ms=None)
+        if read:
+            await self.intake.read(self._read_budget(), block_ms=None)
 
     def _apply_intake(self) -> None:
         entries, aborts = self.intake.take()
