@@ -27,10 +27,16 @@ MAX_TOKENS = 120
 PROMPT = "Paged attention stores"
 
 
+@pytest.fixture(scope="module", params=["sync", "async-scheduling"])
+def scheduler_args(request) -> tuple[str, ...]:
+    """Every test twice: with async scheduling a lost worker takes two plans with it."""
+    return ("--async-scheduling",) * (request.param != "sync")
+
+
 @pytest.fixture(scope="module")
-def pipeline(pipeline_factory):
+def pipeline(pipeline_factory, scheduler_args):
     pipeline = pipeline_factory()
-    add_engine(pipeline, ENGINE_ID)
+    add_engine(pipeline, ENGINE_ID, 1, *scheduler_args)
     # A replacement worker can take over 30 s (the gateway's default engine-loss bound) to load
     # on a busy machine; this module tests recovery, not that bound.
     add_gateway(pipeline, "gw-recovery", "--engine-loss-timeout", "300")
@@ -134,7 +140,7 @@ def test_the_scheduler_exits_cleanly_on_sigterm_and_the_worker_waits(pipeline):
 
 
 def test_a_crashed_scheduler_restarted_with_its_id_finishes_its_requests_without_duplicates(
-    pipeline, expected_text
+    pipeline, expected_text, scheduler_args
 ):
     """Kill -9 the scheduler mid-generation and start it again under the same engine id: it
     re-reads its un-ACKed request, the waiting worker attaches to the new epoch, the request is
@@ -145,6 +151,7 @@ def test_a_crashed_scheduler_restarted_with_its_id_finishes_its_requests_without
         scheduler = scheduler_process(
             name, pipeline.redis_url, pipeline.namespace, ENGINE_ID, engine.plan_port,
             engine.result_port, "--worker-timeout", "5", "--max-num-batched-tokens", "512",
+            *scheduler_args,
         ).start()  # fmt: skip
         engine.scheduler = scheduler
         return scheduler
