@@ -170,9 +170,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("--dtype", default="auto", help="auto | float32 | bfloat16 (both servers)")
     add("--threads", type=int, default=None, help="model threads of each server")
     add("--max-num-seqs", type=int, default=256)
-    add("--async-scheduling", action="store_true",
+    add(
+        "--async-scheduling",
+        action="store_true",
         help="pagedserve plans each step while the last computes (vLLM's CPU build turns its "
-             "own off on CPU)")
+        "own off on CPU)",
+    )
     add("--concurrency", default="16,64", help="fixed levels of requests in flight")
     add("--rates", default="0.5,1,2", help="Poisson request rates (req/s) of the sweep")
     add("--rounds", type=int, default=1, help="alternated rounds; metrics are their medians")

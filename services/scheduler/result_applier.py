@@ -3,11 +3,12 @@
 
 A sequence aborted or preempted since its plan is skipped. With async scheduling a result
 arrives after the next plan was made: a sample the worker kept (`Request.kept_sample_steps`)
-is applied in plan order, and the worker already holds it, so it is never sent back. A step that failed as a whole fails
-every sequence it ran; a sequence whose prompt was done but that got no token (and was not
-deferred while its grammar compiles) fails with the worker's reason, so that nothing waits
-forever. Accepted drafts count as computed only here: a rejected draft's KV is overwritten
-later, and a block is hashed only over tokens the request has.
+is applied in plan order, and the worker already holds it, so it is never sent back. A step
+that failed as a whole fails every sequence it ran; a sequence whose prompt was done but that
+got no token (and was not deferred while its grammar compiles) fails with the worker's
+reason, so that nothing waits forever. Accepted drafts count as computed only here: a
+rejected draft's KV is overwritten later, and a block is hashed only over tokens the request
+has.
 """
 
 from __future__ import annotations

@@ -259,7 +259,6 @@ class StepPlanner:
         request.num_draft_tokens = len(drafts)
         return seq
 
-
     def _keep(self, request: Request, num_new: int, num_drafts: int, step_id: int) -> bool:
         """Whether this step samples `request` with the worker keeping the sample; noted on
         the request when it does (before `_mark_sent` advances it)."""

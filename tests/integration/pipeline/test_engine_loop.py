@@ -99,8 +99,8 @@ class EngineHarness:
 
     def __init__(self, redis_url: str, namespace: str, engine_id: str = "e1",
                  step_delay_s: float = 0.0, max_waiting: int = 4096,
-                 worker_timeout_s: float = 5.0,
-                 model: FakeModel | None = None, async_scheduling: bool = False) -> None:  # fmt: skip
+                 worker_timeout_s: float = 5.0, model: FakeModel | None = None,
+                 async_scheduling: bool = False) -> None:  # fmt: skip
         plan_port, result_port = free_port(), free_port()
         self.engine = EngineLoop(
             EngineLoopConfig(

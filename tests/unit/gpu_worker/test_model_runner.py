@@ -242,8 +242,10 @@ def test_a_failed_steps_sequences_sit_out_the_plan_made_before_it_was_heard_of(t
     runner = make_runner(tiny_llama_dir)
     runner.execute(StepPlan(0, new_seqs=[kept(new_seq("a", [5, 6], [0])),
                                          kept(new_seq("b", [8, 9], [1]))]))  # fmt: skip
-    bad = StepPlan(1, cached_seqs=[CachedSequence("a", [], [], 2, 5, keep_sample=True),
-                                   CachedSequence("b", [], [], 2, 1, keep_sample=True)])  # fmt: skip
+    bad = StepPlan(1, cached_seqs=[
+        CachedSequence("a", [], [], 2, 5, keep_sample=True),  # 5 tokens: it holds 3
+        CachedSequence("b", [], [], 2, 1, keep_sample=True),
+    ])  # fmt: skip
     with pytest.raises(ValueError, match="sequence a: scheduled tokens"):
         runner.execute(bad)
     runner.forget_failed(bad)
