@@ -168,6 +168,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("--prompt-len", type=int, default=64)
     add("--output-len", type=int, default=48)
     add("--rate", type=int, default=50, help="py-spy samples per second")
+    add("--async-scheduling", action="store_true", help="the scheduler plans ahead")
     add("--top", type=int, default=25)
     add("--out", default="benchmarks/results/profile")
     return p
@@ -184,7 +185,9 @@ def main(argv: list[str] | None = None) -> int:
     flags = ["--model", args.model, "--num-prompts", str(args.num_prompts), *lengths]
     wl = workload_parser().parse_args(flags)
     requests, tokenizer, model_dir = build_workload(workload_args(wl))
-    config = PipelineConfig(model_dir, args.dtype, worker_threads=args.threads)
+    config = PipelineConfig(
+        model_dir, args.dtype, worker_threads=args.threads, async_scheduling=args.async_scheduling
+    )
     workdir = Path(tempfile.mkdtemp(prefix="pagedserve-profile-"))
     with (workdir / "pipeline.log").open("w") as log, LocalPipeline(config, log=log) as pipeline:
         pids = {c.name: c.pid for c in pipeline.supervisor.children if c.name in PROFILED}
