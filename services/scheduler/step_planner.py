@@ -84,8 +84,14 @@ class StepPlanner:
     def can_plan_ahead(self) -> bool:
         """Whether a plan made now, before the last plan's result, loses nothing: every running
         sequence whose sample is in flight has it kept by the worker (so the plan can run it on
-        that sample), or it would sit the step out and fall a step behind."""
-        return self.config.async_scheduling and all(
+        that sample), or it would sit the step out and fall a step behind; and the step is no
+        pure decode step that could take drafts (they need the last token known: where they
+        apply, they save more than planning ahead does)."""
+        if not self.config.async_scheduling:
+            return False
+        if self.config.num_speculative_tokens and self._may_speculate():
+            return False
+        return all(
             r.kept_sample_steps or r.num_computed_tokens < r.num_tokens for r in self.sets.running
         )
 
@@ -119,11 +125,17 @@ class StepPlanner:
         while num_done < len(running) and token_budget > 0:
             request = running[num_done]
             num_new = min(len(request.all_token_ids) - request.num_computed_tokens, token_budget)
-            if plan_ahead and num_new == 0 and self._runs_on_sample_in_flight(request):
+            on_sample_in_flight = (
+                plan_ahead and num_new == 0 and self._runs_on_sample_in_flight(request)
+            )
+            if on_sample_in_flight:
                 num_new = 1  # the token being sampled now (the worker appends it)
             drafts = (
                 self._drafts(request, token_budget)
-                if speculate and num_new == 1 and request.beam_group_id is None
+                if speculate
+                and num_new == 1
+                and request.beam_group_id is None
+                and not on_sample_in_flight  # drafts follow the last known token
                 else []
             )
             num_new += len(drafts)

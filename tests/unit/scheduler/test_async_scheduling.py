@@ -24,27 +24,34 @@ def model(tokens: list[int]) -> int:
 
 def workload() -> dict[int, list[GenerateRequest]]:
     """Requests by the step they arrive at: long and short prompts (chunked in 16-token
-    steps), lengths from 1 to 24 tokens, most ending at the end token."""
+    steps; some repeat themselves, so n-gram drafts find matches), lengths from 1 to 24
+    tokens, most ending at the end token; greedy."""
     arrivals: dict[int, list[GenerateRequest]] = defaultdict(list)
     for i in range(14):
-        prompt = [10 + (i * 7 + j) % 50 for j in range(3 + (i * 5) % 29)]
+        period = 50 if i % 3 else 4
+        prompt = [10 + (i * 7 + j) % period for j in range(3 + (i * 5) % 29)]
         request = make_request(
             f"r{i}", prompt, max_tokens=1 + (i * 5) % 24, eos_token_ids=(END,),
-            ignore_eos=i % 4 == 0,
+            ignore_eos=i % 4 == 0, temperature=0.0,
         )  # fmt: skip
         arrivals[(i * 3) % 11].append(request)
     return arrivals
 
 
-def scheduler(async_scheduling: bool, num_blocks: int = 20) -> tuple[Scheduler, FakeWorker]:
+def scheduler(
+    async_scheduling: bool, num_blocks: int = 20, num_speculative_tokens: int = 0
+) -> tuple[Scheduler, FakeWorker]:
     s = make_scheduler(
         num_blocks=num_blocks, block_size=4, max_num_seqs=6, max_num_batched_tokens=16,
         max_model_len=64, async_scheduling=async_scheduling,
+        num_speculative_tokens=num_speculative_tokens, speculative_max_num_seqs=6,
     )  # fmt: skip
     return s, FakeWorker(num_blocks, 4)
 
 
-def drive(s: Scheduler, worker: FakeWorker, arrivals, ahead: bool) -> tuple[dict, list[StepPlan]]:
+def drive(
+    s: Scheduler, worker: FakeWorker, arrivals, ahead: bool, next_token=model
+) -> tuple[dict, list[StepPlan]]:
     """The step loop's order: plan until two plans are out (ahead of the last result, when
     allowed), then apply the oldest result; the worker runs plans in the order they were made.
     Returns the outputs and the plans made ahead."""
@@ -68,7 +75,7 @@ def drive(s: Scheduler, worker: FakeWorker, arrivals, ahead: bool) -> tuple[dict
                 break
             continue
         plan = in_flight.popleft()
-        for delta in s.update_from_output(plan, worker.execute_model(plan, model)):
+        for delta in s.update_from_output(plan, worker.execute_model(plan, next_token)):
             outputs[delta.request_id] += delta.token_ids
             if delta.finished:
                 outputs[delta.request_id].append(delta.finish_reason)
@@ -186,6 +193,20 @@ def test_without_async_scheduling_nothing_is_kept_or_planned_ahead():
     assert not s.can_plan_ahead()
 
 
+def test_with_speculation_drafted_steps_run_one_after_the_other_and_outputs_stay_the_same():
+    """Drafts change what a step appends, so a sequence with drafts keeps nothing and holds
+    planning ahead back; the steps without drafts are still planned ahead."""
+    def repeats(tokens: list[int]) -> int:  # text that repeats itself: drafts are accepted
+        return tokens[-4 if len(tokens) >= 4 else 0]
+
+    reference, _ = drive(*scheduler(False, 64), workload(), ahead=False, next_token=repeats)
+    s, worker = scheduler(True, 64, num_speculative_tokens=2)
+    outputs, plans_ahead = drive(s, worker, workload(), ahead=True, next_token=repeats)
+    assert outputs == reference
+    assert s.stats().spec_num_accepted_tokens > 10 and len(plans_ahead) > 5
+    assert not any(q.draft_token_ids for p in plans_ahead for q in p.cached_seqs if q.keep_sample)
+
+
 def test_blocks_are_hashed_over_known_tokens_so_a_follow_up_prompt_hits_them_all():
     """A step planned ahead counts the token being sampled as computed before it is known:
     hashing that block then would cache it under a digest of too few tokens, and a prompt
@@ -201,3 +222,15 @@ def test_blocks_are_hashed_over_known_tokens_so_a_follow_up_prompt_hits_them_all
     hits_before = s.stats().prefix_cache_hits
     drive(s, worker, {0: [make_request("b", follow_up, max_tokens=1)]}, ahead=True)
     assert s.stats().prefix_cache_hits - hits_before == 16
+
+
+def test_a_step_planned_on_a_sample_in_flight_takes_no_drafts():
+    """Drafts follow the last known token: a step that runs on one still being sampled
+    cannot have any (they would be proposed for the wrong position)."""
+    s = make_scheduler(num_blocks=32, async_scheduling=True, num_speculative_tokens=2)
+    s.add_request(make_request("a", [5, 6, 7, 5, 6, 7, 5, 6], max_tokens=10, temperature=0.0))
+    first = s.schedule()  # the prompt: no drafts, and its sample is kept
+    assert first.new_seqs[0].keep_sample
+    assert not s.can_plan_ahead()  # a pure decode step that could draft comes first
+    [seq] = s.schedule(plan_ahead=True).cached_seqs  # planned ahead all the same
+    assert seq.draft_token_ids == [] and seq.num_scheduled_tokens == 1 and seq.keep_sample
