@@ -196,6 +196,7 @@ def test_without_async_scheduling_nothing_is_kept_or_planned_ahead():
 def test_with_speculation_drafted_steps_run_one_after_the_other_and_outputs_stay_the_same():
     """Drafts change what a step appends, so a sequence with drafts keeps nothing and holds
     planning ahead back; the steps without drafts are still planned ahead."""
+
     def repeats(tokens: list[int]) -> int:  # text that repeats itself: drafts are accepted
         return tokens[-4 if len(tokens) >= 4 else 0]
 
