@@ -161,8 +161,7 @@ class StepLoop:
         """Plan and publish steps until two are out (one, unless the scheduler may plan ahead
         of the last one's result), then apply the oldest result."""
         started = self.clock.start()
-        if self.in_flight:
-            await self._read_arrivals()
+        await self._read_arrivals()
         self._apply_intake()
         while len(self.in_flight) < MAX_PLANS_OUT:
             plan_ahead = bool(self.in_flight)
@@ -183,16 +182,16 @@ class StepLoop:
         await self._apply_oldest()
 
     async def _read_arrivals(self) -> None:
-        """A step computes while the next is planned (async scheduling): read what arrived
-        during it first, or a new request would wait a step longer than without planning
-        ahead. Not while Redis is being backed off (the overlapped read retries it)."""
+        """Read what arrived during the last step just before planning the next: a request
+        that arrives while a step computes is in the very next plan (read while the step
+        computed, it would wait for the plan after). Not while Redis is backed off: the steps
+        go on, and the first read after the back-off ends tries again."""
         if self.backoff.remaining_s <= 0:
             await self.intake.read(self._read_budget(), block_ms=None)
 
     async def _apply_oldest(self) -> None:
         flight = self.in_flight[0]
-        # with a plan made ahead, the next step reads new requests just before it plans
-        io = asyncio.create_task(self._overlapped_io(read=len(self.in_flight) == 1))
+        flush = asyncio.create_task(self.outbox.flush())  # while the workers compute
         result = await self.link.wait_result(flight.plan.step_id, self.config.step_timeout_s)
         # the worker started on it when it was published or, if it was queued behind the
         # last plan, when that one's result came
@@ -200,7 +199,7 @@ class StepLoop:
         received = self._last_received = self.clock.received(
             started, result.execute_time_s if result else 0.0
         )
-        await io
+        await flush
         self.in_flight.popleft()
         if result is not None:
             self.ledger.collect(self.scheduler.update_from_output(flight.plan, result))
@@ -226,11 +225,6 @@ class StepLoop:
             await asyncio.sleep(0.005)
         block_ms = None if busy or self.stopping.is_set() else IDLE_BLOCK_MS
         await self.intake.read(self._read_budget(), block_ms)
-
-    async def _overlapped_io(self, read: bool = True) -> None:
-        await self.outbox.flush()
-        if read:
-            await self.intake.read(self._read_budget(), block_ms=None)
 
     def _apply_intake(self) -> None:
         entries, aborts = self.intake.take()
