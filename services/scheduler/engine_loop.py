@@ -5,16 +5,17 @@ out to the gateways.
                        derive the engine's shape (engine_shape.py), build the Scheduler,
                        then StepLoop.run() until stopped (draining for `drain_timeout_s`)
     StepLoop, one step:
-        apply the intake read during the previous step   (intake.py -> ledger.py)
+        read new intake and apply it                     (intake.py -> ledger.py)
         plan = schedule()  ->  publish to every worker rank          (worker_link.py)
-        while the workers compute: flush the outbox, read new intake (outbox.py, intake.py)
+        while the workers compute: flush the outbox                  (outbox.py)
         await rank 0's result (bounded by `step_timeout_s`)  ->  update_from_output()
         deltas -> ledger -> outbox; the engine status too if its gauges moved
     beside it: the status record every second (status_reporter.py), the claim and gateway
     watchers (watchers.py); a lost worker rank -> worker_recovery.py
 
-Writing step N's outputs while step N+1 computes keeps Redis hops off the critical path; when
-nothing is left to schedule the outputs are written at once. A Redis error is logged and
+Writing step N's outputs while step N+1 computes keeps that Redis hop off the critical path;
+new requests are read just before planning, so one that arrived while a step computed is in
+the very next plan. When nothing is left to schedule the outputs are written at once. A Redis error is logged and
 retried with capped exponential backoff (backoff.py); nothing collected is dropped meanwhile.
 """
 
