@@ -15,8 +15,9 @@ out to the gateways.
 
 Writing step N's outputs while step N+1 computes keeps that Redis hop off the critical path;
 new requests are read just before planning, so one that arrived while a step computed is in
-the very next plan. When nothing is left to schedule the outputs are written at once. A Redis error is logged and
-retried with capped exponential backoff (backoff.py); nothing collected is dropped meanwhile.
+the very next plan. When nothing is left to schedule the outputs are written at once. A Redis
+error is logged and retried with capped exponential backoff (backoff.py); nothing collected is
+dropped meanwhile.
 """
 
 from __future__ import annotations
