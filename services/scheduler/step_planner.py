@@ -106,15 +106,6 @@ class StepPlanner:
             return False
         return request.num_tokens + 2 <= self.config.max_model_len
 
-    def _keeps_sample(self, request: Request, num_drafts: int) -> bool:
-        """Whether the worker keeps this step's sample of `request` (module docstring)."""
-        return (
-            self.config.async_scheduling
-            and num_drafts == 0
-            and request.beam_group_id is None
-            and request.sampling.structured_output is None
-        )
-
     def _schedule_running(
         self, step_id: int, token_budget: int, plan_ahead: bool = False
     ) -> tuple[list, int]:
@@ -272,10 +263,16 @@ class StepPlanner:
         return seq
 
     def _keep(self, request: Request, num_new: int, num_drafts: int, step_id: int) -> bool:
-        """Whether this step samples `request` with the worker keeping the sample; noted on
-        the request when it does (before `_mark_sent` advances it)."""
-        samples = request.num_computed_tokens + num_new >= request.num_tokens + num_drafts
-        keep = samples and self._keeps_sample(request, num_drafts)
+        """Whether this step samples `request` with the worker keeping the sample (a plain
+        sequence: no drafts, beam or grammar; module docstring); noted on the request when
+        it does (before `_mark_sent` advances it)."""
+        keep = (
+            self.config.async_scheduling
+            and num_drafts == 0
+            and request.beam_group_id is None
+            and request.sampling.structured_output is None
+            and request.num_computed_tokens + num_new >= request.num_tokens  # it samples
+        )
         if keep:
             request.kept_sample_steps.append(step_id)
         return keep

@@ -355,6 +355,39 @@ def test_a_step_longer_than_the_heartbeat_timeout_completes_without_recovery(red
         harness.stop()
 
 
+class RecordingModel(FakeModel):
+    """Records each plan's new sequences, and says when a step starts computing."""
+
+    def __init__(self, first_step_delay_s: float) -> None:
+        super().__init__(first_step_delay_s=first_step_delay_s)
+        self.new_seqs_by_plan: list[list[str]] = []
+        self.computing = threading.Event()
+
+    def execute(self, plan: StepPlan) -> StepResult:
+        self.new_seqs_by_plan.append([s.seq_id for s in plan.new_seqs])
+        self.computing.set()
+        return super().execute(plan)
+
+
+def test_a_request_that_arrives_while_a_step_computes_is_in_the_next_plan(redis_url, namespace):
+    """New requests are read just before planning, not while a step computes: "late" arrives
+    during the first (5 s) step, a second into it (after whatever the engine did as the step
+    began), and is admitted by the plan right after it."""
+    model = RecordingModel(first_step_delay_s=5.0)
+    harness = EngineHarness(redis_url, namespace, model=model)
+    try:
+        harness.wait_ready()
+        client = Client(redis_url, namespace)
+        client.submit("early", max_tokens=4)
+        assert model.computing.wait(timeout=10)
+        time.sleep(1.0)  # into the step: not a wait for speed, the step lasts 5 s
+        client.submit("late", max_tokens=2)
+        client.finished(["early", "late"], timeout_s=30)
+        assert model.new_seqs_by_plan[:2] == [["early"], ["late"]]
+    finally:
+        harness.stop()
+
+
 def test_a_malformed_request_is_answered_and_acked_and_its_batch_mates_are_served(
     engine, redis_url, namespace
 ):

@@ -68,6 +68,14 @@ async def until(condition, timeout_s: float = 2.0) -> None:
         await asyncio.sleep(0.02)
 
 
+async def attach(link: WorkerLink, ranks: list[FakeRank]) -> None:
+    """Every rank says hello once the scheduler's first heartbeat came: the link is ready."""
+    await ranks[0].scheduler_epoch()
+    for rank in ranks:
+        rank.pusher.send(hello(rank.rank))
+    assert await link.wait_ready(2.0)
+
+
 async def with_link(
     scenario,
     worker_timeout_s: float = 10.0,
@@ -155,10 +163,7 @@ def test_two_plans_out_get_their_own_results_and_a_loss_answers_both():
     own step's result, whatever order they come in, and a lost rank fails every plan out."""
 
     async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        for rank in ranks:
-            rank.pusher.send(hello(rank.rank))
-        assert await link.wait_ready(2.0)
+        await attach(link, ranks)
         link.publish(StepPlan(3))
         link.publish(StepPlan(4))
         ranks[0].pusher.send(StepResult(4, ["b"], [9]))
@@ -176,10 +181,7 @@ def test_two_plans_out_get_their_own_results_and_a_loss_answers_both():
 
 def test_a_silent_rank_is_lost_and_the_step_in_flight_fails():
     async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        for rank in ranks:
-            rank.pusher.send(hello(rank.rank))
-        assert await link.wait_ready(2.0)
+        await attach(link, ranks)
         link.publish(StepPlan(1))
         waiting = asyncio.create_task(link.wait_result(1, timeout_s=10.0))
         for _ in range(15):  # rank 0 keeps beating, rank 1 is silent
@@ -197,10 +199,7 @@ def test_a_silent_rank_is_lost_and_the_step_in_flight_fails():
 
 def test_a_hello_while_ready_means_that_rank_lost_its_state():
     async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        for rank in ranks:
-            rank.pusher.send(hello(rank.rank))
-        assert await link.wait_ready(2.0)
+        await attach(link, ranks)
         ranks[1].pusher.send(hello(1))  # restarted
         for _ in range(50):
             if not link.is_ready:
@@ -213,10 +212,7 @@ def test_a_hello_while_ready_means_that_rank_lost_its_state():
 
 def test_no_result_in_time_is_a_loss():
     async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        for rank in ranks:
-            rank.pusher.send(hello(rank.rank))
-        assert await link.wait_ready(2.0)
+        await attach(link, ranks)
         link.publish(StepPlan(2))
         assert await link.wait_result(2, timeout_s=0.3) is None
         assert "no result for step 2 within 0.3s" in link.lost_reason
@@ -226,10 +222,7 @@ def test_no_result_in_time_is_a_loss():
 
 def test_a_step_longer_than_the_heartbeat_timeout_is_not_a_loss_while_ranks_heartbeat():
     async def scenario(link, ranks):
-        await ranks[0].scheduler_epoch()
-        for rank in ranks:
-            rank.pusher.send(hello(rank.rank))
-        assert await link.wait_ready(2.0)
+        await attach(link, ranks)
         link.publish(StepPlan(3))
         waiting = asyncio.create_task(link.wait_result(3, timeout_s=30.0))
         for _ in range(20):  # 2 s of computing, 4x the heartbeat timeout: both ranks beat
