@@ -235,6 +235,24 @@ void small_gemm_swiglu(const uint16_t *restrict x, int64_t m, int64_t k, int64_t
     }
 }
 
+/* silu(gate) * up of rows already multiplied: x holds each row's gate (n_inter columns) and
+ * then its up (n_inter more), both bf16, as the merged gate-and-up product leaves them. The
+ * values and roundings are small_gemm_swiglu's (the product's bf16 outputs are the values it
+ * rounds gate and up to), so the two forms give the same bits. For CPUs whose AMX product is
+ * faster than the fused pass: the product there, this after it. n_inter a multiple of 16. */
+void silu_and_mul(const uint16_t *restrict x, int64_t m, int64_t n_inter, int64_t x_stride,
+                  uint16_t *restrict y, int64_t y_stride) {
+#pragma omp parallel for schedule(static) if (m * n_inter >= PARALLEL_MIN_WORK)
+    for (int64_t r = 0; r < m; r++) {
+        const uint16_t *gate = x + r * x_stride, *up = gate + n_inter;
+        for (int64_t j = 0; j < n_inter; j += 16) {
+            const __m512 product = swiglu16(widen16(gate + j), widen16(up + j));
+            _mm256_storeu_si256((__m256i *)(y + r * y_stride + j),
+                                (__m256i)_mm512_cvtneps_pbh(product));
+        }
+    }
+}
+
 /* ---- AMX: the same product on tiles, for CPUs with AMX-BF16 (built with -mamx-tile
  * -mamx-bf16) ----
  *

@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -75,7 +76,7 @@ KERNEL = cpu_build.CKernel(
     what="CPU bf16 GEMM kernel",
     functions=(
         "small_gemm_packed_numel", "small_gemm_pack", "small_gemm", "small_gemm_amx",
-        "small_gemm_amx_init", "small_gemm_swiglu",
+        "small_gemm_amx_init", "small_gemm_swiglu", "silu_and_mul",
     ),
     flags=_flags,
     unsupported=_without_avx512_bf16,
@@ -144,26 +145,46 @@ def linear(
     bias: torch.Tensor | None = None,  # [N]
 ) -> torch.Tensor:  # [..., N] bf16
     """x W^T (+ b) through a packed weight."""
-    library = _library()
     num_in = x.shape[-1]
     if x.dtype != torch.bfloat16 or packed.numel() != packed_numel(num_out, num_in):
         raise ValueError(
             f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] bf16 weight"
         )
-    use_amx = num_in % AMX_K_MULTIPLE == 0 and amx_available()
-    product = library.small_gemm_amx if use_amx else library.small_gemm
-    return call_packed_product(product, x, packed, num_out, bias, torch.bfloat16)
+    return call_packed_product(product_for(num_in), x, packed, num_out, bias, torch.bfloat16)
+
+
+def product_for(num_in: int) -> Callable[..., None]:
+    """The library's product for a weight of `num_in` columns: the AMX tiles where the CPU
+    has them and they take K, else the `vdpbf16ps` tiles (one C signature, see
+    `cpu_packed_product.py`)."""
+    library = _library()
+    return library.small_gemm_amx if uses_amx(num_in) else library.small_gemm
+
+
+def uses_amx(num_in: int) -> bool:
+    return num_in % AMX_K_MULTIPLE == 0 and amx_available()
 
 
 def fuses_swiglu(num_rows: int, num_in: int, num_inter: int) -> bool:
     """`swiglu` serves this product: the kernel is built, takes this many rows, and multiplies
     with the `vdpbf16ps` tiles (where the AMX tiles take K, the separate AMX product is faster
-    than fusing on these)."""
+    than fusing on these: `silu_after_product`)."""
     return (
         load() is not None
         and num_inter % PANEL_COLUMNS == 0
         and num_rows <= max_rows(num_in)
-        and not (num_in % AMX_K_MULTIPLE == 0 and amx_available())
+        and not uses_amx(num_in)
+    )
+
+
+def silu_after_product(num_rows: int, num_in: int, num_inter: int) -> bool:
+    """The AMX form of `swiglu`: the product on AMX tiles, then `silu_and_mul`, for the rows
+    and widths the fused pass would take without AMX. Same bits as `swiglu`."""
+    return (
+        load() is not None
+        and num_inter % PANEL_COLUMNS == 0
+        and num_rows <= max_rows(num_in)
+        and uses_amx(num_in)
     )
 
 
@@ -192,3 +213,22 @@ def swiglu(
         out.data_ptr(), num_inter,
     )  # fmt: skip
     return out.view(*x.shape[:-1], num_inter)
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 * num_inter] bf16
+    """silu(gate) * up of a merged product's output (its first half the gate's, its second
+    the up's), rounded as `swiglu` rounds it; [..., num_inter] bf16."""
+    num_inter = gate_up.shape[-1] // 2
+    if gate_up.dtype != torch.bfloat16 or num_inter % PANEL_COLUMNS or gate_up.shape[-1] % 2:
+        raise ValueError(
+            f"needs bf16 rows of two halves, each a multiple of {PANEL_COLUMNS} wide; got "
+            f"{gate_up.dtype} rows of {gate_up.shape[-1]}"
+        )
+    rows = gate_up.reshape(-1, 2 * num_inter)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_inter, dtype=torch.bfloat16)
+    _library().silu_and_mul(
+        rows.data_ptr(), rows.shape[0], num_inter, rows.stride(0), out.data_ptr(), num_inter
+    )
+    return out.view(*gate_up.shape[:-1], num_inter)

@@ -20,7 +20,8 @@ pytestmark = pytest.mark.skipif(
 
 @pytest.fixture(autouse=True)
 def vdpbf16ps_tiles(monkeypatch):
-    """The fused pass uses the vdpbf16ps tiles (where the CPU has AMX, the products do not)."""
+    """The fused pass uses the vdpbf16ps tiles (where the CPU has AMX, the products take the
+    AMX tiles and silu_and_mul follows them instead)."""
     monkeypatch.setenv("PAGEDSERVE_CPU_GEMM_AMX", "0")
     cpu_small_gemm.load.cache_clear()
     cpu_small_gemm.amx_available.cache_clear()
@@ -66,6 +67,41 @@ def test_silus_far_tails_as_torch():
     assert torch.equal(out.signbit(), expected.signbit())  # -0 where torch's is -0
 
 
+@pytest.mark.parametrize("rows", [1, 12, 13, 64, 300])
+@pytest.mark.parametrize(("num_inter", "num_in"), [(1536, 576), (64, 33)])
+def test_silu_and_mul_after_the_product_gives_the_fused_passs_bits(rows, num_inter, num_in):
+    """The AMX form (the product, then silu_and_mul) rounds as the fused pass: the product's
+    bf16 outputs are the values the fused pass rounds gate and up to."""
+    torch.manual_seed(rows + num_in)
+    weight = (torch.randn(2 * num_inter, num_in) * 4 / num_in**0.5).bfloat16()
+    x = torch.randn(rows, num_in).bfloat16() * 8
+    packed = cpu_small_gemm.pack(weight)
+    gate_up = cpu_small_gemm.linear(x, packed, 2 * num_inter)
+    out = cpu_small_gemm.silu_and_mul(gate_up)
+    assert out.shape == (rows, num_inter)
+    assert torch.equal(out, cpu_small_gemm.swiglu(x, packed, num_inter))
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert (out != F.silu(gate) * up).float().mean() < 1e-3  # torch's exp differs in an ulp
+
+
+def test_silu_and_mul_reads_strided_and_batched_rows():
+    gate_up = torch.randn(2, 3, 256).bfloat16() * 4
+    wide = torch.zeros(6, 300, dtype=torch.bfloat16)
+    wide[:, :256] = gate_up.reshape(6, 256)
+    out = cpu_small_gemm.silu_and_mul(gate_up)
+    assert out.shape == (2, 3, 128)
+    assert torch.equal(out.reshape(6, 128), cpu_small_gemm.silu_and_mul(wide[:, :256]))
+    gate, up = gate_up.chunk(2, dim=-1)
+    assert ((out.float() - (F.silu(gate) * up).float()).abs() <= 0.05).all()
+
+
+def test_silu_and_mul_refuses_what_it_cannot_split():
+    with pytest.raises(ValueError, match="two halves, each a multiple of 32"):
+        cpu_small_gemm.silu_and_mul(torch.randn(2, 96).bfloat16())  # halves of 48
+    with pytest.raises(ValueError, match="two halves"):
+        cpu_small_gemm.silu_and_mul(torch.randn(2, 64))  # float32
+
+
 def test_batched_rows_keep_their_leading_shape():
     weight = torch.randn(128, 64).bfloat16()
     x = torch.randn(2, 3, 64).bfloat16()
@@ -107,6 +143,26 @@ def test_the_mlp_layer_fuses_up_to_the_kernels_rows_and_uses_torch_beyond(monkey
         out = layer.act_and_mul(x, SiluAndMul())
         assert ((out.float() - (F.silu(gate) * up).float()).abs() <= 0.02).all()
     assert len(calls) == 2  # not past the kernel's rows
+
+
+def test_where_amx_takes_k_the_mlp_layer_multiplies_then_silu_and_mul(monkeypatch):
+    """Simulated (the `vdpbf16ps` product stands in for the AMX tiles'): up to the kernel's
+    rows the product and then silu_and_mul, the fused pass's bits; torch's ops beyond."""
+    layer = merged_layer(64, 64)
+    library = cpu_small_gemm.load()
+    fused = {rows: layer.act_and_mul(torch.ones(rows, 64).bfloat16(), SiluAndMul())
+             for rows in (1, 5)}  # fmt: skip
+    monkeypatch.setattr(cpu_small_gemm, "uses_amx", lambda num_in: num_in % 32 == 0)
+    monkeypatch.setattr(cpu_small_gemm, "product_for", lambda num_in: library.small_gemm)
+    calls, real = [], cpu_small_gemm.silu_and_mul
+    monkeypatch.setattr(cpu_small_gemm, "silu_and_mul", lambda x: calls.append(1) or real(x))
+    for rows, expected in fused.items():
+        assert torch.equal(layer.act_and_mul(torch.ones(rows, 64).bfloat16(), SiluAndMul()),
+                           expected)  # fmt: skip
+    assert len(calls) == 2
+    monkeypatch.setattr(cpu_small_gemm, "max_rows", lambda num_in: 4)
+    layer.act_and_mul(torch.ones(5, 64).bfloat16(), SiluAndMul())
+    assert len(calls) == 2  # past the kernel's rows: torch's ops
 
 
 def test_the_mlp_layer_keeps_torchs_ops_without_the_packing_or_with_a_width_off_the_panels():

@@ -11,9 +11,14 @@ loaded (which kernels, which weights, which layouts); a step allocates its buffe
 calls the kernels layer after layer with raw pointers. The kernels and their order are the
 module path's, so the hidden states are the same bits.
 
+On a CPU with AMX-BF16 the products run on AMX tiles (up to `cpu_small_gemm.AMX_MAX_ROWS`
+rows), and the MLP's gate-and-up product is followed by `silu_and_mul` instead of the fused
+pass (the AMX product is the faster there; the bits are the fused pass's), as in the module
+path.
+
 `CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
-a CPU or not bf16, tensor parallel, a kernel missing, AMX tiles, a bias, another activation),
-and a step goes through the modules when its rows are more than the products take
+a CPU or not bf16, tensor parallel, a kernel missing, a bias, another activation), and a step
+goes through the modules when its rows are more than the products take
 (`cpu_small_gemm.max_rows`).
 `PAGEDSERVE_CPU_FUSED_FORWARD=0` turns it off.
 """
@@ -78,7 +83,8 @@ class _Shape:
 
 
 def _few_rows(layer: torch.nn.Module) -> torch.Tensor | None:
-    """The layer's panels for the `vdpbf16ps` product, if it has them and no bias."""
+    """The layer's panels for the kernel's products (the `vdpbf16ps` and AMX tiles read the
+    same layout), if it has them and no bias."""
     packed = packing_of(layer)
     if not isinstance(packed, Bf16Packing) or getattr(layer, "bias", None) is not None:
         return None
@@ -102,8 +108,10 @@ def _layer_pointers(layer: PreNormDecoderLayer) -> _LayerPointers | None:
 def _kernels_ready(shape: _Shape) -> bool:
     return (
         cpu_small_gemm.load() is not None
-        and not cpu_small_gemm.amx_available()  # the AMX product is not fused (see swiglu)
-        and cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
+        and (
+            cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
+            or cpu_small_gemm.silu_after_product(1, shape.hidden, shape.intermediate)
+        )
         and cpu_rms_norm.load() is not None
         and shape.hidden <= cpu_rms_norm.MAX_HIDDEN
         and cpu_rotary.load() is not None
@@ -130,8 +138,14 @@ class CpuFusedForward:
             cpu_small_gemm.max_rows(width)
             for width in (shape.hidden, shape.attention_width, shape.intermediate)
         )
-        self.gemm = cpu_small_gemm.load().small_gemm
+        # by K: the AMX tiles where the CPU has them and they take K, else `vdpbf16ps`
+        self.product = {
+            k: cpu_small_gemm.product_for(k)
+            for k in (shape.hidden, shape.attention_width, shape.intermediate)
+        }
+        self.fuses_swiglu = cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
         self.swiglu = cpu_small_gemm.load().small_gemm_swiglu
+        self.silu_and_mul = cpu_small_gemm.load().silu_and_mul
         self.norm = cpu_rms_norm.load().add_rms_norm
         self.rotate = cpu_rotary.load().rotate_in_place
         self.write_kv = cpu_kv_write.load().write_kv_rows
@@ -205,9 +219,13 @@ class CpuFusedForward:
 
         normed, residual, out = empty(s.hidden), empty(s.hidden), empty(s.hidden)
         qkv, attended, act = empty(s.qkv_width), empty(s.attention_width), empty(s.intermediate)
-        tensors = (hidden, cos, sin, slots, normed, residual, out, qkv, attended, act)
+        gate_up = act if self.fuses_swiglu else empty(2 * s.intermediate)
+        tensors = (hidden, cos, sin, slots, normed, residual, out, qkv, attended, act, gate_up)
         (hidden_p, cos_p, sin_p, slots_p, normed_p, residual_p, out_p, qkv_p, attended_p,
-         act_p) = (t.data_ptr() for t in tensors)  # fmt: skip
+         act_p, gate_up_p) = (t.data_ptr() for t in tensors)  # fmt: skip
+        qkv_product, o_product, down_product = (
+            self.product[k] for k in (s.hidden, s.attention_width, s.intermediate)
+        )
         key_p = qkv_p + s.attention_width * BF16_BYTES
         value_p = key_p + s.num_kv_heads * s.head_dim * BF16_BYTES
         heads, kv_row = s.num_heads + s.num_kv_heads, s.num_kv_heads * s.head_dim
@@ -216,23 +234,22 @@ class CpuFusedForward:
             # x (+ residual) -> normed; the sum is the next residual (x itself at layer 0)
             self._norm(x_p, x_residual, residual_p, normed_p, layer.input_norm, num_tokens, eps[0])
             x_residual = residual_p if x_residual is not None else hidden_p
-            self.gemm(normed_p, num_tokens, s.hidden, s.hidden, layer.qkv, s.qkv_width, None,
-                      qkv_p, s.qkv_width)  # fmt: skip
+            qkv_product(normed_p, num_tokens, s.hidden, s.hidden, layer.qkv, s.qkv_width, None,
+                        qkv_p, s.qkv_width)  # fmt: skip
             self.rotate(qkv_p, num_tokens, heads, s.head_dim, s.qkv_width, cos_p, sin_p, 1)
             num_slots = k_cache.shape[0] * k_cache.shape[1]
             if self.write_kv(key_p, value_p, s.qkv_width, k_cache.data_ptr(), v_cache.data_ptr(),
                              num_slots, slots_p, num_tokens, kv_row, BF16_BYTES):  # fmt: skip
                 raise ValueError(f"a slot of this step is past the caches' {num_slots}")
             self._attend(step, qkv_p, k_cache, v_cache, attended_p)
-            self.gemm(attended_p, num_tokens, s.attention_width, s.attention_width, layer.o,
+            o_product(attended_p, num_tokens, s.attention_width, s.attention_width, layer.o,
                       s.hidden, None, out_p, s.hidden)  # fmt: skip
             self._norm(out_p, x_residual, residual_p, normed_p, layer.post_attention_norm,
                        num_tokens, eps[1])  # fmt: skip
             x_residual = residual_p
-            self.swiglu(normed_p, num_tokens, s.hidden, s.hidden, layer.gate_up, s.intermediate,
-                        act_p, s.intermediate)  # fmt: skip
-            self.gemm(act_p, num_tokens, s.intermediate, s.intermediate, layer.down, s.hidden,
-                      None, out_p, s.hidden)  # fmt: skip
+            self._mlp_up(normed_p, num_tokens, layer.gate_up, gate_up_p, act_p)
+            down_product(act_p, num_tokens, s.intermediate, s.intermediate, layer.down,
+                         s.hidden, None, out_p, s.hidden)  # fmt: skip
             x_p = out_p
         final = empty(s.hidden)
         norm = self.model.norm
@@ -248,6 +265,17 @@ class CpuFusedForward:
         is safe: the kernel reads a row whole before it writes it)."""
         if self.norm(x, residual, sum_out, out, weight, rows, self.shape.hidden, eps, 1):
             raise ValueError(f"hidden size {self.shape.hidden} is over the RMSNorm kernel's")
+
+    def _mlp_up(self, normed: int, rows: int, weight: int, gate_up: int, act: int) -> None:
+        """silu(normed Wg^T) * (normed Wu^T) into `act`: in one fused pass, or (AMX) the
+        product into `gate_up`, then `silu_and_mul`."""
+        hidden, inter = self.shape.hidden, self.shape.intermediate
+        if self.fuses_swiglu:
+            self.swiglu(normed, rows, hidden, hidden, weight, inter, act, inter)
+            return
+        self.product[hidden](normed, rows, hidden, hidden, weight, 2 * inter, None, gate_up,
+                             2 * inter)  # fmt: skip
+        self.silu_and_mul(gate_up, rows, inter, 2 * inter, act, inter)
 
     def _attention_step(self, metadata: AttentionMetadata) -> cpu_paged_attention.PreparedStep:
         """The kernel's arguments for the step's sequences, as the attention backend splits

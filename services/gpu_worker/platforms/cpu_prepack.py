@@ -171,15 +171,19 @@ def linear(
 
 def swiglu(x: torch.Tensor, weight: torch.Tensor, packed_weight: object) -> torch.Tensor | None:
     """silu(x Wg^T) * (x Wu^T) for a merged [gate; up] `weight` in one fused pass of the bf16
-    kernel (`cpu_small_gemm.swiglu`) where its packing takes these rows; None elsewhere."""
+    kernel (`cpu_small_gemm.swiglu`) where its packing takes these rows, or, where the CPU's
+    AMX tiles multiply instead, their product and then `cpu_small_gemm.silu_and_mul` (the
+    same bits); None elsewhere."""
     num_inter, num_in = weight.shape[0] // 2, x.shape[-1]
-    if (
-        not isinstance(packed_weight, Bf16Packing)
-        or packed_weight.few_rows is None
-        or not cpu_small_gemm.fuses_swiglu(x.numel() // num_in, num_in, num_inter)
-    ):
+    if not isinstance(packed_weight, Bf16Packing) or packed_weight.few_rows is None:
         return None
-    return cpu_small_gemm.swiglu(x, packed_weight.few_rows, num_inter)
+    num_rows = x.numel() // num_in
+    if cpu_small_gemm.fuses_swiglu(num_rows, num_in, num_inter):
+        return cpu_small_gemm.swiglu(x, packed_weight.few_rows, num_inter)
+    if cpu_small_gemm.silu_after_product(num_rows, num_in, num_inter):
+        gate_up = cpu_small_gemm.linear(x, packed_weight.few_rows, 2 * num_inter)
+        return cpu_small_gemm.silu_and_mul(gate_up)
+    return None
 
 
 class CpuPackedLinear(BaseLinearMethod):

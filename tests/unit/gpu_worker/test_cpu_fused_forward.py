@@ -1,6 +1,7 @@
 """The CPU bf16 forward pass as one loop of C calls (`cpu_fused_forward.py`): the same bits as
-the module path, for prompts, chunks over a cached prefix, decodes and draft rows in one step;
-the module path wherever it does not apply."""
+the module path, for prompts, chunks over a cached prefix, decodes and draft rows in one step,
+with the fused SwiGLU and in the AMX form (the product, then silu_and_mul); the module path
+wherever it does not apply."""
 
 from __future__ import annotations
 
@@ -15,8 +16,7 @@ from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
 
 pytestmark = pytest.mark.skipif(
-    not cpu_small_gemm.cpu_has_avx512_bf16() or cpu_small_gemm.cpu_has_amx_bf16(),
-    reason="built for CPUs with AVX512-BF16 and no AMX (the AMX product is not fused)",
+    not cpu_small_gemm.cpu_has_avx512_bf16(), reason="built for CPUs with AVX512-BF16"
 )
 BLOCK_SIZE = 16
 
@@ -71,6 +71,38 @@ def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == torch.bfloat16 and torch.equal(a, b)
     for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
+        assert torch.equal(k, mk) and torch.equal(v, mv)
+
+
+def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, monkeypatch):
+    """Where the AMX tiles take K, the MLP's gate-and-up product is followed by silu_and_mul,
+    in the fused forward and in the module path alike, with the fused pass's bits. Simulated
+    where the CPU has no AMX: the `vdpbf16ps` product stands in for the AMX tiles' (their own
+    tests check them against an exact product on AMX CPUs)."""
+    model = engine.runner.model
+    steps = two_steps(model.config.vocab_size)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    copies = [[(k.clone(), v.clone()) for k, v in caches] for _ in range(2)]
+    with torch.inference_mode():
+        expected = run_steps(engine.runner.forward_pass, caches, steps)
+    if not cpu_small_gemm.amx_available():
+        library = cpu_small_gemm.load()
+        monkeypatch.setattr(cpu_small_gemm, "uses_amx", lambda num_in: num_in % 32 == 0)
+        monkeypatch.setattr(cpu_small_gemm, "product_for", lambda num_in: library.small_gemm)
+    module_calls, real = [], cpu_small_gemm.silu_and_mul
+    monkeypatch.setattr(cpu_small_gemm, "silu_and_mul", lambda x: module_calls.append(1) or real(x))
+    amx_form = CpuFusedForward.build(model)
+    assert amx_form is not None and not amx_form.fuses_swiglu
+    fused_calls, real_c = [], amx_form.silu_and_mul
+    amx_form.silu_and_mul = lambda *args: fused_calls.append(1) or real_c(*args)
+    with torch.inference_mode():
+        ours = run_steps(amx_form, copies[0], steps)
+        theirs = run_steps(model, copies[1], steps)
+    num_layers = len(model.layers)
+    assert len(fused_calls) == len(module_calls) == 2 * num_layers  # every layer, both steps
+    for a, b, c in zip(ours, theirs, expected, strict=True):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    for (k, v), (mk, mv) in zip(copies[0], caches, strict=True):
         assert torch.equal(k, mk) and torch.equal(v, mv)
 
 
