@@ -131,23 +131,29 @@ def merged_layer(num_inter: int, num_in: int) -> linear_layers.MergedColumnParal
     return layer
 
 
-def test_the_mlp_layer_fuses_up_to_the_kernels_rows_and_uses_torch_beyond(monkeypatch):
+def test_the_mlp_layer_fuses_up_to_the_kernels_rows_then_multiplies_and_silu_and_muls(
+    monkeypatch,
+):
     layer = merged_layer(64, 64)
-    calls = []
-    real = cpu_small_gemm.swiglu
-    monkeypatch.setattr(cpu_small_gemm, "swiglu", lambda *a: calls.append(1) or real(*a))
+    fused, after_product = [], []
+    real, real_silu = cpu_small_gemm.swiglu, cpu_small_gemm.silu_and_mul
+    monkeypatch.setattr(cpu_small_gemm, "swiglu", lambda *a: fused.append(1) or real(*a))
+    monkeypatch.setattr(
+        cpu_small_gemm, "silu_and_mul", lambda x: after_product.append(1) or real_silu(x)
+    )
     most = cpu_small_gemm.max_rows(64)
     for rows in (1, most, most + 1):
         x = torch.randn(rows, 64).bfloat16()
         gate, up = layer(x).chunk(2, dim=-1)
         out = layer.act_and_mul(x, SiluAndMul())
         assert ((out.float() - (F.silu(gate) * up).float()).abs() <= 0.02).all()
-    assert len(calls) == 2  # not past the kernel's rows
+    assert len(fused) == 2 and len(after_product) == 1  # past the kernel's rows: oneDNN's
 
 
 def test_where_amx_takes_k_the_mlp_layer_multiplies_then_silu_and_mul(monkeypatch):
     """Simulated (the `vdpbf16ps` product stands in for the AMX tiles'): up to the kernel's
-    rows the product and then silu_and_mul, the fused pass's bits; torch's ops beyond."""
+    rows the product and then silu_and_mul, the fused pass's bits; beyond, oneDNN's product
+    and then silu_and_mul."""
     layer = merged_layer(64, 64)
     library = cpu_small_gemm.load()
     fused = {rows: layer.act_and_mul(torch.ones(rows, 64).bfloat16(), SiluAndMul())
@@ -161,8 +167,10 @@ def test_where_amx_takes_k_the_mlp_layer_multiplies_then_silu_and_mul(monkeypatc
                            expected)  # fmt: skip
     assert len(calls) == 2
     monkeypatch.setattr(cpu_small_gemm, "max_rows", lambda num_in: 4)
-    layer.act_and_mul(torch.ones(5, 64).bfloat16(), SiluAndMul())
-    assert len(calls) == 2  # past the kernel's rows: torch's ops
+    x = torch.randn(5, 64).bfloat16()
+    product = layer(x)  # past the kernel's rows: oneDNN's product
+    assert torch.equal(layer.act_and_mul(x, SiluAndMul()), real(product))
+    assert len(calls) == 3
 
 
 def test_the_mlp_layer_keeps_torchs_ops_without_the_packing_or_with_a_width_off_the_panels():
