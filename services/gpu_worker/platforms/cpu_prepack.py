@@ -173,12 +173,13 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, packed_weight: object) -> torc
     """silu(x Wg^T) * (x Wu^T) for a merged [gate; up] `weight`: one fused pass of the bf16
     kernel (`cpu_small_gemm.swiglu`) where its `vdpbf16ps` packing takes these rows; elsewhere
     (the AMX tiles, more rows than the kernel takes) the product, then the kernel's
-    `silu_and_mul`, which rounds as the fused pass does (torch's two ops on a [rows, 2 x width]
-    product cost ~5% of a 2048-token prompt step more). None where the kernel is not built or
-    the width is off its panels: torch's ops."""
+    `silu_and_mul`, which rounds as the fused pass does (and is 1.31x torch's two ops at 2048
+    rows, `benchmarks/silu_and_mul.py`). None where the kernel is not built or the width is
+    off its panels: torch's ops."""
     num_inter, num_in = weight.shape[0] // 2, x.shape[-1]
     if (
         not isinstance(packed_weight, Bf16Packing)
+        or x.dtype != torch.bfloat16
         or cpu_small_gemm.load() is None
         or num_inter % cpu_small_gemm.PANEL_COLUMNS
     ):
