@@ -165,27 +165,17 @@ def uses_amx(num_in: int) -> bool:
     return num_in % AMX_K_MULTIPLE == 0 and amx_available()
 
 
+def takes_mlp(num_rows: int, num_in: int, num_inter: int) -> bool:
+    """The kernel serves this MLP's gate-and-up product and its activation: it is built,
+    takes this many rows, and the width is whole panels. Fused (`swiglu`) where it multiplies
+    with the `vdpbf16ps` tiles; where the AMX tiles take K (faster than fusing on these), the
+    AMX product and then `silu_and_mul`, with the same bits."""
+    return load() is not None and num_inter % PANEL_COLUMNS == 0 and num_rows <= max_rows(num_in)
+
+
 def fuses_swiglu(num_rows: int, num_in: int, num_inter: int) -> bool:
-    """`swiglu` serves this product: the kernel is built, takes this many rows, and multiplies
-    with the `vdpbf16ps` tiles (where the AMX tiles take K, the separate AMX product is faster
-    than fusing on these: `silu_after_product`)."""
-    return (
-        load() is not None
-        and num_inter % PANEL_COLUMNS == 0
-        and num_rows <= max_rows(num_in)
-        and not uses_amx(num_in)
-    )
-
-
-def silu_after_product(num_rows: int, num_in: int, num_inter: int) -> bool:
-    """The AMX form of `swiglu`: the product on AMX tiles, then `silu_and_mul`, for the rows
-    and widths the fused pass would take without AMX. Same bits as `swiglu`."""
-    return (
-        load() is not None
-        and num_inter % PANEL_COLUMNS == 0
-        and num_rows <= max_rows(num_in)
-        and uses_amx(num_in)
-    )
+    """`swiglu` serves this product (see `takes_mlp`)."""
+    return takes_mlp(num_rows, num_in, num_inter) and not uses_amx(num_in)
 
 
 def swiglu(

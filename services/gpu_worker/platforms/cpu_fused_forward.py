@@ -108,10 +108,7 @@ def _layer_pointers(layer: PreNormDecoderLayer) -> _LayerPointers | None:
 def _kernels_ready(shape: _Shape) -> bool:
     return (
         cpu_small_gemm.load() is not None
-        and (
-            cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
-            or cpu_small_gemm.silu_after_product(1, shape.hidden, shape.intermediate)
-        )
+        and cpu_small_gemm.takes_mlp(1, shape.hidden, shape.intermediate)
         and cpu_rms_norm.load() is not None
         and shape.hidden <= cpu_rms_norm.MAX_HIDDEN
         and cpu_rotary.load() is not None
