@@ -30,6 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_attention_lookahead.h"
 #include "cpu_exp.h"
 
 #define DOT_LANES 16          /* query rows per zmm */
@@ -75,11 +76,13 @@ static inline void prefetch_token(const void *k_cache, const void *v_cache, int6
  * cache's rows are scattered over blocks, so the loop fetches DOT_PREFETCH_ROWS tokens ahead,
  * keys too, which the scores read next (both fit in L2). */
 static void interleave_all_values(__m512i *interleaved, const void *k_cache, const void *v_cache,
-                                  const int64_t *offsets, int64_t seq_len, int64_t d) {
+                                  const int64_t *offsets, int64_t seq_len, int64_t d,
+                                  lookahead *ahead) {
     const uint16_t *values = (const uint16_t *)v_cache;
     for (int64_t a = 0; a < DOT_PREFETCH_ROWS && a < seq_len; a++)
         prefetch_token(k_cache, v_cache, offsets[a], d);
     for (int64_t t = 0; t < seq_len; t += 2) {
+        if (t % 8 == 0) lookahead_step(ahead);
         for (int64_t a = t + DOT_PREFETCH_ROWS; a < t + DOT_PREFETCH_ROWS + 2 && a < seq_len; a++)
             prefetch_token(k_cache, v_cache, offsets[a], d);
         interleave_values(interleaved + t / 2 * (d / 16), values + offsets[t],
@@ -90,10 +93,12 @@ static void interleave_all_values(__m512i *interleaved, const void *k_cache, con
 /* scores[t * 16 + i] = scale * <query row i, key t>, rows i < n (lanes past n: 0). next_head:
  * elements from this KV head's rows to those of the head this thread takes next (0: none),
  * whose keys and values the loop fetches as it goes, so they arrive while this head computes
- * (interleave_all_values fetched this head's already). */
+ * (interleave_all_values fetched this head's already). Each tile of keys also takes a step
+ * of `ahead` (the thread's next sequence; NULL: none). */
 static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t n,
                        const void *k_cache, const void *v_cache, const int64_t *offsets,
-                       int64_t seq_len, int64_t d, float scale, int64_t next_head) {
+                       int64_t seq_len, int64_t d, float scale, int64_t next_head,
+                       lookahead *ahead) {
     const int64_t pairs = d / 2;
     const uint16_t *keys = (const uint16_t *)k_cache;
     __m512i qt[DOT_MAX_HEAD_DIM / 2]; /* qt[p] lane i: row i's pair p */
@@ -105,6 +110,7 @@ static void dot_scores(float *scores, const uint16_t *const *query_rows, int64_t
     const __m512 scale16 = _mm512_set1_ps(scale);
     for (int64_t t = 0; t < seq_len; t += DOT_KEYS) {
         const int64_t num_keys = seq_len - t < DOT_KEYS ? seq_len - t : DOT_KEYS;
+        lookahead_step(ahead);
         if (next_head)
             for (int64_t k = 0; k < num_keys; k++)
                 prefetch_token(k_cache, v_cache, offsets[t + k] + next_head, d);
@@ -150,14 +156,15 @@ static inline __m256 sum_lanes16x8(const __m512 a[8]) {
 /* scores[r * stride + t] = scale * <query row r, key t> for a decode's few rows, by row: 32
  * dimensions of one key a `vdpbf16ps`, 8 keys at a time, each key's 16 partial sums added
  * across lanes. Scores past seq_len up to the 8-key tile are written too (softmax_rows hides
- * them). next_head as in dot_scores. */
+ * them). next_head and ahead as in dot_scores. */
 static void dot_scores_by_row(float *scores, int64_t stride, const uint16_t *const *query_rows,
                               int64_t rows, const void *k_cache, const void *v_cache,
                               const int64_t *offsets, int64_t seq_len, int64_t d, float scale,
-                              int64_t next_head) {
+                              int64_t next_head, lookahead *ahead) {
     const uint16_t *keys = (const uint16_t *)k_cache;
     const __m256 scale8 = _mm256_set1_ps(scale);
     for (int64_t t = 0; t < seq_len; t += 8) {
+        lookahead_step(ahead);
         if (next_head)
             for (int64_t a = t; a < t + 8 && a < seq_len; a++)
                 prefetch_token(k_cache, v_cache, offsets[a] + next_head, d);
@@ -295,16 +302,17 @@ static void dot_round_rows(float *weights, int64_t stride, int64_t rows, int64_t
 
 /* Rows [row0, row0 + n) (n <= 16) of one (sequence, KV head): acc[i * d ...] gets row row0 + i's
  * unnormalized output and inv_sum[i] its normalizer. Row i sees keys t <= last[i] (< seq_len);
- * keys no row of the block sees are not read. next_head as in dot_scores.
+ * keys no row of the block sees are not read. next_head and ahead as in dot_scores.
  * scratch: seq_len * 16 floats (rounded up to even seq_len). */
 static void dot_attend_rows(float *acc, float *inv_sum, const uint16_t *const *query_rows,
                             const int64_t *last, int64_t n, const void *k_cache,
                             const void *v_cache, const int64_t *offsets, int64_t seq_len,
                             int64_t d, float scale, const __m512i *interleaved,
-                            int64_t next_head, float *scratch) {
+                            int64_t next_head, lookahead *ahead, float *scratch) {
     int64_t keys = 0; /* the keys some row of the block sees: a prompt's early rows see few */
     for (int64_t i = 0; i < n; i++) keys = last[i] + 1 > keys ? last[i] + 1 : keys;
-    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale, next_head);
+    dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale, next_head,
+               ahead);
     dot_softmax(scratch, last, n, keys, inv_sum);
     dot_weigh(acc, scratch, DOT_LANES, 1, n, keys, d, interleaved);
 }

@@ -3,7 +3,8 @@
  * Every sequence's new tokens (one for a decode, a few for a short chunk) attend causally to
  * its whole context, read in place from the paged cache through its block table. Threads
  * take whole sequences (one thread reads all of a block's heads: 1.5x faster on 2 threads
- * than splitting a sequence's KV heads between them); within one, each (sequence, KV head)
+ * than splitting a sequence's KV heads between them), each claiming its next one before it
+ * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h); within one, each (sequence, KV head)
  * pair scores all the query heads that share that KV head, for all its new tokens, so each
  * cached key and value row is read once. Softmax is exact (max-subtracted, over the full
  * row) and in float32 whatever the cache dtype; bf16 is widened by a shift (bf16 is the top
@@ -40,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_attention_lookahead.h"
 #include "cpu_bf16.h"
 #include "cpu_exp.h"
 
@@ -146,13 +148,16 @@ static void warm_sequence(const void *k_cache, const void *v_cache, const int64_
 }
 
 /* scores[r * stride + t] = scale * <query r, key t> for t in [0, seq_len), 8 keys at a time;
- * the K and V rows PREFETCH_TILES tiles ahead are prefetched (V for weigh_values). */
+ * the K and V rows PREFETCH_TILES tiles ahead are prefetched (V for weigh_values), and a tile's
+ * share of the thread's next sequence (`ahead`, NULL: none). */
 static void score_keys(float *scores, int64_t stride, const float *queries, int64_t rows,
                        const void *k_cache, const void *v_cache, const int64_t *offsets,
-                       int64_t seq_len, int64_t d, float scale, int is_bf16, float *tile) {
+                       int64_t seq_len, int64_t d, float scale, int is_bf16, float *tile,
+                       lookahead *ahead) {
     const int64_t elem = is_bf16 ? 2 : 4;
     for (int64_t t0 = 0; t0 < seq_len; t0 += TILE) {
         const float *key[TILE];
+        lookahead_step(ahead);
         for (int64_t t = t0 + PREFETCH_TILES * TILE; t < t0 + (PREFETCH_TILES + 1) * TILE &&
                                                       t < seq_len; t++)
             for (int64_t b = 0; b < d * elem; b += 64) {
@@ -291,13 +296,15 @@ static inline int64_t score_rows(int64_t rows, int64_t d, int is_bf16) {
  * row offsets, seq_len value row pointers, rows query row pointers and rows last keys (8
  * bytes, 2 floats each). The scores take score_rows(...) * stride floats. whole_sequence:
  * this thread takes all the sequence's KV heads, one after the other (it fetches every head's
- * rows before the first; the bf16 dot path also fetches the next head's rows while this one
- * computes). */
+ * rows before the first unless `warm` says its predecessor fetched them; the bf16 dot path
+ * also fetches the next head's rows while this one computes). `ahead`: the thread's next
+ * sequence, fetched a step per tile of keys scored (NULL: none). */
 static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                         const void *v_cache, const int32_t *table, int64_t seq_len,
                         int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
                         int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
-                        int is_bf16, int whole_sequence, float *scratch) {
+                        int is_bf16, int whole_sequence, int warm, lookahead *ahead,
+                        float *scratch) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t rows = num_new * group;
     const int64_t elem = is_bf16 ? 2 : 4;
@@ -318,7 +325,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             widen_row(queries + (j * group + g) * d, src, d, is_bf16);
         }
     row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
-    if (whole_sequence && kv_head == 0)
+    if (whole_sequence && kv_head == 0 && !warm)
         warm_sequence(k_cache, v_cache, offsets, seq_len, cache_row * elem, elem);
     const int next_head_follows = whole_sequence && kv_head + 1 < num_kv_heads;
 #ifdef __AVX512BF16__
@@ -330,17 +337,17 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             query_rows[r] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
             last[r] = seq_len - num_new + j;
         }
-        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d);
+        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d, ahead);
         const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
         if (in_dot_lanes(rows, d, is_bf16)) {
             for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
                 dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
                                 rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
                                 offsets, seq_len, d, scale, (const __m512i *)rows_f,
-                                r0 == 0 ? next_head : 0, scores);
+                                r0 == 0 ? next_head : 0, ahead, scores);
         } else { /* a decode's few rows would leave most lanes empty: by row */
             dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows,
-                              k_cache, v_cache, offsets, seq_len, d, scale, next_head);
+                              k_cache, v_cache, offsets, seq_len, d, scale, next_head, ahead);
             softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
             dot_round_rows(scores, stride, rows, seq_len);
             dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
@@ -349,7 +356,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
 #endif
     {
         score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
-                   is_bf16, tile);
+                   is_bf16, tile, ahead);
         softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
         weigh_values(acc, scores, stride, rows, v_cache, offsets, seq_len, d, is_bf16, rows_f,
                      (const float **)(offsets + seq_len));
@@ -358,6 +365,50 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
         const int64_t j = r / group, head = kv_head * group + r % group;
         char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * elem;
         store_row(dst, acc + r * d, inv_sum[r], d, is_bf16);
+    }
+}
+
+int paged_attention_uses_bf16_dot(int64_t head_dim);
+
+/* The whole sequences this thread claims from `claimed` (shared by the team), one at a time,
+ * each claimed before the last is attended so that its rows are fetched during the last
+ * one's scores (cpu_attention_lookahead.h). Threads still take sequences as they come free.
+ * scratch NULL (it could not be allocated): claims and attends nothing. */
+static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t max_blocks,
+                           const int32_t *seq_lens, const int32_t *query_start,
+                           const int32_t *seqs, int64_t num_seqs, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
+                           int is_bf16, int64_t *claimed, float *scratch) {
+    if (scratch == NULL) return;
+    const int64_t token_bytes = num_kv_heads * d * (is_bf16 ? 2 : 4);
+    int64_t mine, next;
+#pragma omp atomic capture
+    mine = (*claimed)++;
+    int warm = 0; /* whether `mine` was fetched as the last one's lookahead */
+    for (; mine < num_seqs; mine = next) {
+#pragma omp atomic capture
+        next = (*claimed)++;
+        const int64_t s = seqs[mine];
+        const int64_t num_new = query_start[s + 1] - query_start[s];
+        lookahead ahead, *fetching = NULL;
+        if (next < num_seqs && num_new > 0) {
+            const int64_t n = seqs[next];
+            const int64_t row_blocks = (num_new * (num_heads / num_kv_heads) + 15) / 16;
+            /* tiles of keys scored; the bf16 dot path also takes a step every 8 values it
+             * interleaves */
+            const int64_t passes = row_blocks + (is_bf16 && paged_attention_uses_bf16_dot(d));
+            const int64_t tiles = num_kv_heads * passes * ((seq_lens[s] + 7) / 8);
+            lookahead_start(&ahead, k_cache, v_cache, block_tables + n * max_blocks, seq_lens[n],
+                            block_size, token_bytes, tiles);
+            fetching = &ahead;
+        }
+        for (int64_t h = 0; h < num_kv_heads && num_new > 0; h++)
+            attend_pair(out, q, q_row_stride, k_cache, v_cache, block_tables + s * max_blocks,
+                        seq_lens[s], query_start[s], num_new, h, num_heads, num_kv_heads, d,
+                        block_size, scale, is_bf16, 1, warm, fetching, scratch);
+        lookahead_finish(fetching);
+        warm = fetching != NULL && 2 * token_bytes * seq_lens[seqs[next]] <= LOOKAHEAD_BYTES;
     }
 }
 
@@ -387,8 +438,8 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
     /* Threads take whole sequences, unless there are fewer than threads (one long prompt):
      * then (sequence, KV head) pairs. The split changes no result. */
     const int by_pair = num_seqs < omp_get_max_threads();
-    const int64_t units = by_pair ? num_seqs * num_kv_heads : num_seqs;
     int failed = 0;
+    int64_t claimed = 0; /* sequences claimed so far, by all threads (whole sequences) */
 #pragma omp parallel if (work >= PARALLEL_MIN_WORK)
     {
         float *scratch = (float *)malloc((size_t)most * sizeof(float));
@@ -396,18 +447,22 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
 #pragma omp atomic write
             failed = 1;
         }
+        if (by_pair) {
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t u = 0; u < units; u++)
-            for (int64_t h = by_pair ? u % num_kv_heads : 0;
-                 h < (by_pair ? u % num_kv_heads + 1 : num_kv_heads); h++) {
-                const int64_t s = seqs[by_pair ? u / num_kv_heads : u];
+            for (int64_t u = 0; u < num_seqs * num_kv_heads; u++) {
+                const int64_t s = seqs[u / num_kv_heads];
                 const int64_t num_new = query_start[s + 1] - query_start[s];
                 if (scratch == NULL || num_new == 0) continue;
                 attend_pair(out, q, q_row_stride, k_cache, v_cache,
                             block_tables + s * max_blocks, seq_lens[s], query_start[s], num_new,
-                            h, num_heads, num_kv_heads, head_dim, block_size, scale, is_bf16,
-                            !by_pair, scratch);
+                            u % num_kv_heads, num_heads, num_kv_heads, head_dim, block_size,
+                            scale, is_bf16, 0, 0, NULL, scratch);
             }
+        } else {
+            attend_claimed(out, q, q_row_stride, k_cache, v_cache, block_tables, max_blocks,
+                           seq_lens, query_start, seqs, num_seqs, num_heads, num_kv_heads,
+                           head_dim, block_size, scale, is_bf16, &claimed, scratch);
+        }
         free(scratch);
     }
     return failed ? -1 : 0;

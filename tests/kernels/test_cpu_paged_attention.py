@@ -120,6 +120,20 @@ def test_only_the_listed_sequences_are_written():
     assert out[1:4].isnan().all()  # sequence 1's three rows were left alone
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_claimed_sequence_is_attended_once(dtype):
+    """Threads claim whole sequences one ahead of the one they attend (to fetch it meanwhile):
+    every row is written, and right, with more sequences than threads, contexts longer than
+    the lookahead holds (1500 tokens: 1.1 MB of bf16 keys and values) beside short ones."""
+    seq_lens = [1500, 3, 170, 1, 700, 64, 9, 1200, 33, 250, 17]
+    query_lens = [1, 1, 4, 1, 1, 2, 1, 1, 1, 3, 1]
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, dtype, seed=5)
+    out = poisoned_like(case.query)
+    attend(case, out=out)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out.float(), expected(case), **TOLERANCES[dtype])
+
+
 def test_an_out_of_the_wrong_shape_is_refused():
     case = make_paged_case([10], [1], 6, 2, 16, 4, torch.float32)
     with pytest.raises(ValueError, match="out must be a contiguous"):
