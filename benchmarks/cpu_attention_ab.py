@@ -33,6 +33,15 @@ from pagedserve.kernels import cpu_build, cpu_paged_attention
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 # (sequences, typical context, new tokens per sequence)
 CASES = [(1, 176, 1), (16, 176, 1), (16, 176, 4), (32, 300, 4), (64, 300, 1)]
+# prefill and mixed steps, bf16 (the kernel's chunks; fp32 prompts go to torch's attention):
+# (label, each sequence's context, its new tokens)
+PROMPT_CASES = [
+    ("6 prompts ~88", [88] * 5 + [60], [88] * 5 + [60]),
+    ("prompts 300 + 200", [300, 200], [300, 200]),
+    ("16 decodes ~176 + prompt 200", [176] * 16 + [200], [1] * 16 + [200]),
+    ("16 decodes ~176 + chunk 64 of 300", [176] * 16 + [300], [1] * 16 + [64]),
+    ("prompt 500", [500], [500]),
+]
 
 
 def build_at_revision(revision: str, directory: Path) -> Path:
@@ -73,6 +82,26 @@ def make_case(
     step = cpu_paged_attention.prepare(
         tables.view(num_seqs, blocks_per_seq), lens.to(torch.int32), starts
     )
+    return step, query.to(dtype), k_cache, v_cache
+
+
+def make_prompt_case(
+    seq_lens: list[int], new_tokens: list[int], dtype: torch.dtype, layers: int, seed: int = 0
+):
+    """`layers` paged caches with shuffled blocks for sequences of `seq_lens` tokens whose
+    last `new_tokens` are this step's."""
+    generator = torch.Generator().manual_seed(seed)
+    blocks = [-(-n // BLOCK_SIZE) for n in seq_lens]
+    shape = (layers, sum(blocks), BLOCK_SIZE, NUM_KV_HEADS, HEAD_DIM)
+    k_cache = torch.empty(shape, dtype=dtype).normal_(generator=generator)
+    v_cache = torch.empty(shape, dtype=dtype).normal_(generator=generator)
+    shuffled = torch.randperm(sum(blocks), generator=generator).to(torch.int32)
+    tables = torch.zeros(len(seq_lens), max(blocks), dtype=torch.int32)
+    for i, chunk in enumerate(shuffled.split(blocks)):
+        tables[i, : len(chunk)] = chunk
+    starts = torch.tensor([0, *torch.tensor(new_tokens).cumsum(0).tolist()], dtype=torch.int32)
+    query = torch.randn(sum(new_tokens), NUM_HEADS, HEAD_DIM, generator=generator)
+    step = cpu_paged_attention.prepare(tables, torch.tensor(seq_lens, dtype=torch.int32), starts)
     return step, query.to(dtype), k_cache, v_cache
 
 
@@ -135,6 +164,14 @@ def main(argv: list[str] | None = None) -> int:
                 f"| {identical} |",
                 flush=True,
             )
+    for label, seq_lens, new_tokens in PROMPT_CASES:
+        case = make_prompt_case(seq_lens, new_tokens, torch.bfloat16, args.layers)
+        base_s, head_s, identical = time_pair(base, head, case, args.repeats)
+        print(
+            f"| {label} | | | bfloat16 | {base_s * 1e6:.0f} | {head_s * 1e6:.0f} "
+            f"| {base_s / head_s:.2f}x | {identical} |",
+            flush=True,
+        )
     return 0
 
 

@@ -4,7 +4,9 @@
  * its whole context, read in place from the paged cache through its block table. Threads
  * take whole sequences (one thread reads all of a block's heads: 1.5x faster on 2 threads
  * than splitting a sequence's KV heads between them), each claiming its next one before it
- * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h); within one, each (sequence, KV head)
+ * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h). A prompt
+ * whose work is more than a quarter of a thread's share (bf16) is split into units of rows
+ * instead, so that one long prompt does not leave the other threads waiting; within one, each (sequence, KV head)
  * pair scores all the query heads that share that KV head, for all its new tokens, so each
  * cached key and value row is read once. Softmax is exact (max-subtracted, over the full
  * row) and in float32 whatever the cache dtype; bf16 is widened by a shift (bf16 is the top
@@ -370,6 +372,65 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
 
 int paged_attention_uses_bf16_dot(int64_t head_dim);
 
+#define UNITS_PER_THREAD 4 /* a split chunk: units of about work / (threads * this) */
+
+/* Rows of a chunk's (sequence, KV head) a unit of split work takes, in whole DOT_LANES-row
+ * blocks: 0 where the sequence stays whole (not on the bf16 dot path's lanes, one block, or
+ * its work, rows * seq_len * num_kv_heads, within a unit's). */
+static inline int64_t rows_per_unit(int64_t rows, int64_t seq_len, int64_t num_kv_heads,
+                                    int64_t d, int is_bf16, int64_t work, int64_t threads) {
+    const int64_t unit_work = work / (UNITS_PER_THREAD * threads);
+    if (!in_dot_lanes(rows, d, is_bf16) || rows <= DOT_LANES ||
+        rows * seq_len * num_kv_heads <= unit_work)
+        return 0;
+    const int64_t blocks = (unit_work + DOT_LANES * seq_len - 1) / (DOT_LANES * seq_len);
+    return (blocks > 0 ? blocks : 1) * DOT_LANES;
+}
+
+#ifdef __AVX512BF16__
+/* Rows [r_begin, r_end) of one (sequence, KV head) of a chunk on the bf16 dot path's lanes,
+ * DOT_LANES at a time, as a unit of their own: a long prompt's rows are shared between
+ * threads. Taken whole, the longest prompt of a prefill step kept one thread busy while the
+ * other waited (a 300- and a 200-token prompt: the other thread spun 44% of the call).
+ * Fetches this KV head's rows the rows see first (as warm_sequence does a whole sequence's:
+ * without it, a step of six ~88-token prompts split by KV head took 0.8x), and reads no
+ * others. scratch as attend_pair's. */
+static void attend_rows(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
+                        const void *v_cache, const int32_t *table, int64_t seq_len,
+                        int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
+                        int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
+                        int64_t r_begin, int64_t r_end, float *scratch) {
+    const int64_t group = num_heads / num_kv_heads;
+    const int64_t keys = seq_len - num_new + (r_end - 1) / group + 1; /* the last row's */
+    const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
+    float *scores = scratch;
+    float *acc = scores + DOT_LANES * stride;
+    float *inv_sum = acc + DOT_LANES * d;
+    float *rows_f = inv_sum + DOT_LANES;
+    int64_t *offsets = (int64_t *)(rows_f + seq_len * d); /* 8-byte aligned: d % 8 == 0 */
+    const uint16_t **query_rows = (const uint16_t **)(offsets + seq_len);
+    int64_t *last = (int64_t *)(query_rows + DOT_LANES);
+    row_offsets(offsets, table, keys, block_size, num_kv_heads * d, kv_head, d);
+    warm_sequence(k_cache, v_cache, offsets, keys, d * 2, 2); /* this KV head's rows */
+    interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, keys, d, NULL);
+    for (int64_t r0 = r_begin; r0 < r_end; r0 += DOT_LANES) {
+        const int64_t n = r_end - r0 < DOT_LANES ? r_end - r0 : DOT_LANES;
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = (r0 + i) / group, head = kv_head * group + (r0 + i) % group;
+            query_rows[i] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
+            last[i] = seq_len - num_new + j;
+        }
+        dot_attend_rows(acc, inv_sum, query_rows, last, n, k_cache, v_cache, offsets, keys, d,
+                        scale, (const __m512i *)rows_f, 0, NULL, scores);
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t j = (r0 + i) / group, head = kv_head * group + (r0 + i) % group;
+            char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * 2;
+            store_row(dst, acc + i * d, inv_sum[i], d, 1);
+        }
+    }
+}
+#endif
+
 /* The whole sequences this thread claims from `claimed` (shared by the team), one at a time,
  * each claimed before the last is attended so that its rows are fetched during the last
  * one's scores (cpu_attention_lookahead.h). Threads still take sequences as they come free.
@@ -435,11 +496,47 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         work += (int64_t)(query_start[s + 1] - query_start[s]) * group * seq_lens[s];
     }
     work *= num_kv_heads;
-    /* Threads take whole sequences, unless there are fewer than threads (one long prompt):
-     * then (sequence, KV head) pairs. The split changes no result. */
-    const int by_pair = num_seqs < omp_get_max_threads();
+    /* A chunk on the bf16 dot path whose work is more than a unit's goes to threads in units
+     * of rows (rows_per_unit; the last rows, which see the most keys, first); the other
+     * sequences whole, unless there are fewer than threads: then (sequence, KV head) pairs.
+     * The split changes no result. */
+    const int64_t threads = omp_get_max_threads();
+    int64_t num_units = 0, num_whole = 0;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t s = seqs[i], rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
+        const int64_t per_unit =
+            rows_per_unit(rows, seq_lens[s], num_kv_heads, head_dim, is_bf16, work, threads);
+        if (per_unit)
+            num_units += (rows + per_unit - 1) / per_unit * num_kv_heads;
+        else
+            num_whole++;
+    }
+    int64_t *units = (int64_t *)malloc((size_t)(4 * num_units + 1) * sizeof(int64_t));
+    int32_t *whole = (int32_t *)malloc((size_t)(num_whole + 1) * sizeof(int32_t));
+    if (units == NULL || whole == NULL) {
+        free(units);
+        free(whole);
+        return -1;
+    }
+    for (int64_t i = 0, u = 0, w = 0; i < num_seqs; i++) {
+        const int64_t s = seqs[i], rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
+        const int64_t per_unit =
+            rows_per_unit(rows, seq_lens[s], num_kv_heads, head_dim, is_bf16, work, threads);
+        if (!per_unit) {
+            whole[w++] = (int32_t)s;
+            continue;
+        }
+        for (int64_t end = rows; end > 0; end -= per_unit)
+            for (int64_t h = 0; h < num_kv_heads; h++, u++) {
+                units[4 * u] = s;
+                units[4 * u + 1] = h;
+                units[4 * u + 2] = end > per_unit ? end - per_unit : 0;
+                units[4 * u + 3] = end;
+            }
+    }
+    const int by_pair = num_whole < threads;
     int failed = 0;
-    int64_t claimed = 0; /* sequences claimed so far, by all threads (whole sequences) */
+    int64_t claimed = 0; /* whole sequences claimed so far, by all threads */
 #pragma omp parallel if (work >= PARALLEL_MIN_WORK)
     {
         float *scratch = (float *)malloc((size_t)most * sizeof(float));
@@ -447,10 +544,21 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
 #pragma omp atomic write
             failed = 1;
         }
+#ifdef __AVX512BF16__
+#pragma omp for schedule(dynamic, 1) nowait
+        for (int64_t u = 0; u < num_units; u++) {
+            const int64_t s = units[4 * u];
+            if (scratch != NULL)
+                attend_rows(out, q, q_row_stride, k_cache, v_cache, block_tables + s * max_blocks,
+                            seq_lens[s], query_start[s], query_start[s + 1] - query_start[s],
+                            units[4 * u + 1], num_heads, num_kv_heads, head_dim, block_size,
+                            scale, units[4 * u + 2], units[4 * u + 3], scratch);
+        }
+#endif
         if (by_pair) {
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t u = 0; u < num_seqs * num_kv_heads; u++) {
-                const int64_t s = seqs[u / num_kv_heads];
+            for (int64_t u = 0; u < num_whole * num_kv_heads; u++) {
+                const int64_t s = whole[u / num_kv_heads];
                 const int64_t num_new = query_start[s + 1] - query_start[s];
                 if (scratch == NULL || num_new == 0) continue;
                 attend_pair(out, q, q_row_stride, k_cache, v_cache,
@@ -460,11 +568,13 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
             }
         } else {
             attend_claimed(out, q, q_row_stride, k_cache, v_cache, block_tables, max_blocks,
-                           seq_lens, query_start, seqs, num_seqs, num_heads, num_kv_heads,
+                           seq_lens, query_start, whole, num_whole, num_heads, num_kv_heads,
                            head_dim, block_size, scale, is_bf16, &claimed, scratch);
         }
         free(scratch);
     }
+    free(units);
+    free(whole);
     return failed ? -1 : 0;
 }
 

@@ -134,6 +134,20 @@ def test_every_claimed_sequence_is_attended_once(dtype):
     torch.testing.assert_close(out.float(), expected(case), **TOLERANCES[dtype])
 
 
+def test_a_prompt_split_between_threads_gives_the_same_bits():
+    """A chunk whose work is more than a thread's share is attended in units of rows (bf16:
+    the dot path's lanes); beside long decodes it is a small share and stays whole. Its rows
+    come out the same either way, and right."""
+    seq_lens, query_lens = [40] + [1600] * 8, [40] + [1] * 8
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, torch.bfloat16, seed=6)
+    beside_decodes = attend(case)
+    alone = poisoned_like(case.query)
+    attend(case, seqs=torch.tensor([0]), out=alone)
+    assert torch.equal(alone[:40], beside_decodes[:40])
+    assert alone[40:].isnan().all()  # the decodes' rows were left alone
+    torch.testing.assert_close(beside_decodes.float(), expected(case), **TOLERANCES[torch.bfloat16])
+
+
 def test_an_out_of_the_wrong_shape_is_refused():
     case = make_paged_case([10], [1], 6, 2, 16, 4, torch.float32)
     with pytest.raises(ValueError, match="out must be a contiguous"):

@@ -23,19 +23,23 @@ needs_git_and_kernel = pytest.mark.skipif(
 @needs_git_and_kernel
 def test_committed_kernel_against_itself_is_bit_identical(monkeypatch, capsys) -> None:
     monkeypatch.setattr(cpu_attention_ab, "CASES", [(3, 40, 2)])
+    monkeypatch.setattr(cpu_attention_ab, "PROMPT_CASES", [("2 + a prompt", [9, 30], [1, 30])])
     assert (
         cpu_attention_ab.main(
             ["--base", "HEAD", "--repeats", "2", "--threads", "1", "--layers", "2"]
         )
         == 0
     )
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 3 ")]
+    printed = capsys.readouterr().out.splitlines()
+    rows = [line for line in printed if line.startswith("| 3 ")]
     assert len(rows) == 2  # fp32 and bf16
+    prompt_rows = [line for line in printed if line.startswith("| 2 + a prompt ")]
+    assert len(prompt_rows) == 1
     committed = subprocess.run(
         ["git", "diff", "--quiet", "HEAD", "--", "kernels/"], capture_output=True
     ).returncode == 0  # fmt: skip
     if committed:  # the same source: the same bits
-        assert all(row.rstrip().endswith("| True |") for row in rows)
+        assert all(row.rstrip().endswith("| True |") for row in rows + prompt_rows)
 
 
 @needs_git_and_kernel
