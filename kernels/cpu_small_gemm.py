@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 MAX_ROWS = 12  # the most rows the vdpbf16ps tiles take beside oneDNN's AMX product
 MAX_ROWS_WITHOUT_AMX = 512  # ... where the CPU has no AMX (oneDNN's product is vdpbf16ps too)
 AMX_MAX_ROWS = 128  # the most rows the AMX tiles take, where the CPU has AMX-BF16
+# the most rows a whole forward pass of these products takes without AMX (fused_max_rows)
+FUSED_MAX_ROWS_WITHOUT_AMX = 2048
 PANEL_COLUMNS = 32  # NR in the C source
 AMX_K_MULTIPLE = 32  # the AMX tiles take K in whole tiles of 32
 _FLAGS = ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
@@ -106,6 +108,20 @@ def max_rows(num_in: int) -> int:
     if num_in % AMX_K_MULTIPLE == 0 and amx_available():
         return AMX_MAX_ROWS
     return MAX_ROWS if _cpu_has_amx() else MAX_ROWS_WITHOUT_AMX
+
+
+def fused_max_rows(num_in: int) -> int:
+    """The most rows a forward pass made of this kernel's calls (the CPU platform's fused
+    forward) takes for a weight of `num_in` columns. Without AMX, more than `linear` alone:
+    past `MAX_ROWS_WITHOUT_AMX` oneDNN's packed product is 2-4.5% faster product for product
+    (`benchmarks/cpu_linears.py --rows 512,1024,2048`: 349 / 701 / 1378 ms against 360 / 714
+    / 1440 for SmolLM2's 121 products, Zen 4), but a pass in these kernels keeps the MLP's
+    [rows, 2 x intermediate] product out of memory: a prompt token in 2048-row steps cost
+    586 us against 675 through the modules (`benchmarks/prefill_budget.py`, 2 alternated
+    rounds), no more than in 512-row steps (603)."""
+    if uses_amx(num_in) or _cpu_has_amx():
+        return max_rows(num_in)
+    return FUSED_MAX_ROWS_WITHOUT_AMX
 
 
 @functools.cache

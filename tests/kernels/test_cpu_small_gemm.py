@@ -96,6 +96,9 @@ def test_layers_use_it_up_to_max_rows_and_onednn_beyond(tiles, num_in, monkeypat
     beside_amx = cpu_small_gemm.cpu_has_amx_bf16()  # oneDNN's AMX product takes more rows
     expected = cpu_small_gemm.MAX_ROWS if beside_amx else cpu_small_gemm.MAX_ROWS_WITHOUT_AMX
     assert most == (cpu_small_gemm.AMX_MAX_ROWS if amx else expected)
+    # a forward pass of these kernels takes more rows where the CPU has no AMX
+    fused = most if amx or beside_amx else cpu_small_gemm.FUSED_MAX_ROWS_WITHOUT_AMX
+    assert cpu_small_gemm.fused_max_rows(num_in) == fused
     assert (packing.onednn is None) == amx  # past the AMX tiles' rows F.linear is as fast
     calls = []
     real = cpu_small_gemm.linear

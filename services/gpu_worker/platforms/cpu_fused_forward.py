@@ -9,7 +9,7 @@ decode step in Python (module calls, wrappers checking shapes and dtypes again, 
 splits), and more of a step with few sequences. Here those checks run once, when the model is
 loaded (which kernels, which weights, which layouts); a step allocates its buffers once and
 calls the kernels layer after layer with raw pointers. The kernels and their order are the
-module path's, so the hidden states are the same bits.
+module path's, so the hidden states are the same bits (up to the modules' 512 rows, below).
 
 On a CPU with AMX-BF16 the products run on AMX tiles (up to `cpu_small_gemm.AMX_MAX_ROWS`
 rows), and the MLP's gate-and-up product is followed by `silu_and_mul` instead of the fused
@@ -18,8 +18,11 @@ path.
 
 `CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
 a CPU or not bf16, tensor parallel, a kernel missing, a bias, another activation), and a step
-goes through the modules when its rows are more than the products take
-(`cpu_small_gemm.max_rows`).
+goes through the modules when its rows are more than the pass takes
+(`cpu_small_gemm.fused_max_rows`: without AMX, 2048, more than the modules' products take,
+`cpu_small_gemm.max_rows`, 512; between the two the modules multiply with oneDNN, so a step
+of 513-2048 rows gets other bits here than through the modules, as it would from another
+product).
 `PAGEDSERVE_CPU_FUSED_FORWARD=0` turns it off.
 """
 
@@ -132,7 +135,7 @@ class CpuFusedForward:
         self.eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
         self.scale = first.self_attn.attn.scale
         self.max_rows = min(
-            cpu_small_gemm.max_rows(width)
+            cpu_small_gemm.fused_max_rows(width)
             for width in (shape.hidden, shape.attention_width, shape.intermediate)
         )
         # by K: the AMX tiles where the CPU has them and they take K, else `vdpbf16ps`

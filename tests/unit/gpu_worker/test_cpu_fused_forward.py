@@ -135,6 +135,35 @@ def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):
     assert calls == [1]  # the one-token decode step only
 
 
+def test_without_amx_it_takes_steps_past_the_modules_products(engine, monkeypatch):
+    """Without AMX the pass takes up to 2048 rows, more than the modules' products (512,
+    oneDNN's past them): a 600-token prompt goes through it, and its hidden states agree with
+    the modules' as two bf16 products do."""
+    fused = engine.runner.forward_pass
+    if cpu_small_gemm.amx_available():
+        assert fused.max_rows == cpu_small_gemm.AMX_MAX_ROWS
+        return
+    assert fused.max_rows == cpu_small_gemm.FUSED_MAX_ROWS_WITHOUT_AMX
+    assert fused.max_rows > cpu_small_gemm.max_rows(576)
+    model, num_tokens = engine.runner.model, 600
+    token_ids = torch.randint(0, model.config.vocab_size, (num_tokens,))
+    table = list(range(-(-num_tokens // BLOCK_SIZE)))
+    metadata = build_attention_metadata(
+        [num_tokens], [num_tokens], [table], BLOCK_SIZE, torch.device("cpu")
+    )
+    step = (token_ids, torch.arange(num_tokens), metadata)
+    caches = [(torch.zeros_like(k), torch.zeros_like(v)) for k, v in engine.runner.kv_caches]
+    module_caches = [(k.clone(), v.clone()) for k, v in caches]
+    calls, real = [], fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
+    with torch.inference_mode():
+        (ours,) = run_steps(fused, caches, [step])
+        (theirs,) = run_steps(model, module_caches, [step])
+    assert calls == [1]
+    cosine = torch.nn.functional.cosine_similarity(ours.float(), theirs.float(), dim=-1)
+    assert cosine.min() > 0.99
+
+
 def test_a_slot_past_the_cache_is_an_error(engine):
     num_blocks = engine.runner.kv_caches[0][0].shape[0]
     metadata = build_attention_metadata([1], [1], [[num_blocks]], BLOCK_SIZE, torch.device("cpu"))
