@@ -13,7 +13,7 @@
  * (benchmarks/results/cpu_attention/2026-12-05_lookahead.md).
  *
  * The rows are fetched block by block, key and value lines in step, in table order: only the
- * context's tokens, at most LOOKAHEAD_BYTES of them (what L2 holds beside the current
+ * context's tokens, at most WARM_BYTES of them (what L2 holds beside the current
  * sequence). Prefetches only: no result depends on them.
  */
 #ifndef PAGEDSERVE_CPU_ATTENTION_LOOKAHEAD_H
@@ -21,33 +21,34 @@
 
 #include <stdint.h>
 
-#define LOOKAHEAD_BYTES (512 * 1024) /* as much of the next sequence as warm_sequence takes */
+#define WARM_BYTES (512 * 1024) /* the most of a sequence's rows fetched ahead into L2 */
+
+/* The first tokens of a sequence of `seq_len` whose key and value rows (`row_bytes` each)
+ * WARM_BYTES holds: those fetched ahead, at once (warm_sequence) or spread (a lookahead). */
+static inline int64_t warm_tokens(int64_t seq_len, int64_t row_bytes) {
+    const int64_t most = WARM_BYTES / (2 * row_bytes);
+    return seq_len < most ? seq_len : most;
+}
 
 typedef struct {
     const char *k_cache, *v_cache;
     const int32_t *table;    /* the next sequence's blocks */
     int64_t block_bytes;     /* a block of one cache: block_size tokens of all KV heads */
-    int64_t token_bytes;     /* one token's rows of all KV heads */
-    int64_t block_size;
     int64_t lines;           /* key (and as many value) lines left to fetch */
     int64_t block, line;     /* the cursor: next line `line` of table[block] */
     int64_t per_tile;        /* lines fetched each tile of keys scored */
 } lookahead;
 
-/* Fetch the first LOOKAHEAD_BYTES of a sequence's `seq_len` tokens over `tiles` calls of
- * lookahead_step. */
+/* Fetch the rows of a sequence's first warm_tokens(seq_len, token_bytes) tokens (all KV
+ * heads' rows of a token, token_bytes) over `tiles` calls of lookahead_step. */
 static inline void lookahead_start(lookahead *a, const void *k_cache, const void *v_cache,
                                    const int32_t *table, int64_t seq_len, int64_t block_size,
                                    int64_t token_bytes, int64_t tiles) {
-    const int64_t most = LOOKAHEAD_BYTES / (2 * token_bytes);
-    const int64_t tokens = seq_len < most ? seq_len : most;
     a->k_cache = (const char *)k_cache;
     a->v_cache = (const char *)v_cache;
     a->table = table;
     a->block_bytes = block_size * token_bytes;
-    a->token_bytes = token_bytes;
-    a->block_size = block_size;
-    a->lines = (tokens * token_bytes + 63) / 64;
+    a->lines = (warm_tokens(seq_len, token_bytes) * token_bytes + 63) / 64;
     a->block = a->line = 0;
     a->per_tile = tiles > 0 ? (a->lines + tiles - 1) / tiles : a->lines;
 }

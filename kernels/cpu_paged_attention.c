@@ -58,7 +58,6 @@ typedef uint16_t v8u16 __attribute__((vector_size(16)));
 #define TILE 8      /* keys scored together: one v8f of scores */
 #define PARALLEL_MIN_WORK 4096
 #define PREFETCH_TILES 2 /* tiles ahead the score loop prefetches K and V rows (4: no better) */
-#define WARM_BYTES (512 * 1024) /* most of a sequence's cache rows warm_sequence fetches */
 
 static inline v8f load8(const float *p) {
     v8f v;
@@ -140,8 +139,7 @@ static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
  * 2026-12-05_warm_sequence.md). */
 static void warm_sequence(const void *k_cache, const void *v_cache, const int64_t *offsets,
                           int64_t seq_len, int64_t row_bytes, int64_t elem) {
-    const int64_t tokens = WARM_BYTES / (2 * row_bytes) < seq_len ? WARM_BYTES / (2 * row_bytes)
-                                                                   : seq_len;
+    const int64_t tokens = warm_tokens(seq_len, row_bytes);
     for (int64_t t = 0; t < tokens; t++)
         for (int64_t b = 0; b < row_bytes; b += 64) {
             __builtin_prefetch((const char *)k_cache + offsets[t] * elem + b, 0, 2);
@@ -275,13 +273,24 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
     }
 }
 
+/* Whether a bf16 cache is attended with vdpbf16ps (built for it, and head_dim one
+ * cpu_attention_bf16_dot.h serves). */
+static inline int on_dot_path(int64_t d, int is_bf16) {
+#ifdef __AVX512BF16__
+    return is_bf16 && dot_supports(d);
+#else
+    (void)d, (void)is_bf16;
+    return 0;
+#endif
+}
+
 /* Whether a pair's rows go through the bf16 dot path's lanes (dot_attend_rows). */
 static inline int in_dot_lanes(int64_t rows, int64_t d, int is_bf16) {
 #ifdef __AVX512BF16__
-    return is_bf16 && dot_supports(d) && rows >= DOT_MIN_ROWS;
+    return on_dot_path(d, is_bf16) && rows >= DOT_MIN_ROWS;
 #else
-    (void)rows, (void)d, (void)is_bf16;
-    return 0;
+    (void)rows;
+    return on_dot_path(d, is_bf16); /* 0: no dot path in this build */
 #endif
 }
 
@@ -370,8 +379,6 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     }
 }
 
-int paged_attention_uses_bf16_dot(int64_t head_dim);
-
 #define UNITS_PER_THREAD 4 /* a split chunk: units of about work / (threads * this) */
 
 /* Rows of a chunk's (sequence, KV head) a unit of split work takes, in whole DOT_LANES-row
@@ -379,12 +386,18 @@ int paged_attention_uses_bf16_dot(int64_t head_dim);
  * its work, rows * seq_len * num_kv_heads, within a unit's). */
 static inline int64_t rows_per_unit(int64_t rows, int64_t seq_len, int64_t num_kv_heads,
                                     int64_t d, int is_bf16, int64_t work, int64_t threads) {
+#ifdef __AVX512BF16__
     const int64_t unit_work = work / (UNITS_PER_THREAD * threads);
     if (!in_dot_lanes(rows, d, is_bf16) || rows <= DOT_LANES ||
         rows * seq_len * num_kv_heads <= unit_work)
         return 0;
     const int64_t blocks = (unit_work + DOT_LANES * seq_len - 1) / (DOT_LANES * seq_len);
     return (blocks > 0 ? blocks : 1) * DOT_LANES;
+#else
+    (void)rows, (void)seq_len, (void)num_kv_heads, (void)d, (void)is_bf16, (void)work,
+        (void)threads;
+    return 0; /* no dot path in this build */
+#endif
 }
 
 #ifdef __AVX512BF16__
@@ -458,7 +471,7 @@ static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const
             const int64_t row_blocks = (num_new * (num_heads / num_kv_heads) + 15) / 16;
             /* tiles of keys scored; the bf16 dot path also takes a step every 8 values it
              * interleaves */
-            const int64_t passes = row_blocks + (is_bf16 && paged_attention_uses_bf16_dot(d));
+            const int64_t passes = row_blocks + on_dot_path(d, is_bf16);
             const int64_t tiles = num_kv_heads * passes * ((seq_lens[s] + 7) / 8);
             lookahead_start(&ahead, k_cache, v_cache, block_tables + n * max_blocks, seq_lens[n],
                             block_size, token_bytes, tiles);
@@ -469,7 +482,8 @@ static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const
                         seq_lens[s], query_start[s], num_new, h, num_heads, num_kv_heads, d,
                         block_size, scale, is_bf16, 1, warm, fetching, scratch);
         lookahead_finish(fetching);
-        warm = fetching != NULL && 2 * token_bytes * seq_lens[seqs[next]] <= LOOKAHEAD_BYTES;
+        warm = fetching != NULL && warm_tokens(seq_lens[seqs[next]], token_bytes) ==
+                                       seq_lens[seqs[next]]; /* fetched whole */
     }
 }
 
@@ -580,11 +594,4 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
 
 /* 1 if this build scores bf16 caches of heads of head_dim with vdpbf16ps (built for a CPU
  * with AVX512-BF16, and head_dim one cpu_attention_bf16_dot.h serves). */
-int paged_attention_uses_bf16_dot(int64_t head_dim) {
-#ifdef __AVX512BF16__
-    return dot_supports(head_dim);
-#else
-    (void)head_dim;
-    return 0;
-#endif
-}
+int paged_attention_uses_bf16_dot(int64_t head_dim) { return on_dot_path(head_dim, 1); }

@@ -119,7 +119,7 @@ def fused_max_rows(num_in: int) -> int:
     [rows, 2 x intermediate] product out of memory: a prompt token in 2048-row steps cost
     586 us against 675 through the modules (`benchmarks/prefill_budget.py`, 2 alternated
     rounds), no more than in 512-row steps (603)."""
-    if uses_amx(num_in) or _cpu_has_amx():
+    if _cpu_has_amx():  # the AMX tiles' rows, or beside oneDNN's AMX product
         return max_rows(num_in)
     return FUSED_MAX_ROWS_WITHOUT_AMX
 

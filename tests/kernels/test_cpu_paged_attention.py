@@ -211,6 +211,18 @@ def test_the_isa_follows_torchs_capability(monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_avx2_build_builds_and_attends(dtype, monkeypatch):
+    """The code an AVX2 CPU gets (no vdpbf16ps path: the bf16 dot header left out) builds from
+    the same source, and attends decodes beside a long prompt right."""
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    assert not cpu_paged_attention.uses_bf16_dot()
+    assert cpu_paged_attention.load() is not None
+    seq_lens, query_lens = [120, 30, 7, 64], [120, 1, 1, 4]
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, dtype, seed=7)
+    torch.testing.assert_close(attend(case).float(), expected(case), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_whole_prompts_attend_causally(dtype):
     """A bf16 prompt of any length goes through the kernel where it uses vdpbf16ps (row
     blocks early in a prompt read only the keys they see); one or two sequences are split
