@@ -36,8 +36,10 @@ def default_max_num_batched_tokens(device_type: str) -> int:
     as the chunk takes. Measured in-process (192-request long-tailed workload, 1 thread, bf16,
     max_num_seqs 128): 2048 gives 169.1 output tok/s with a 3002 ms step p99, 1024 176.9 tok/s
     and 1611 ms, 512 175.4 tok/s and 863 ms, 256 166.1 tok/s and 548 ms; 512 keeps the
-    throughput and cuts the worst inter-token gap ~3.5x. 2048 elsewhere: vLLM's default for
-    online serving with chunked prefill; GPU prefill is cheap per token.
+    throughput and cuts the worst inter-token gap ~3.5x. (The CPU platform asks for 1024 where
+    its fused bf16 forward takes such steps: `FUSED_STEP_TOKENS` in `platforms/cpu.py`.) 2048
+    elsewhere: vLLM's default for online serving with chunked prefill; GPU prefill is cheap
+    per token.
     """
     return 512 if device_type == "cpu" else 2048
 

@@ -20,7 +20,7 @@ GENERATE_OPTIONS = (
     use("model", help=None),
     use("dtype", choices=("auto", "float32", "bfloat16")),
     use("max_num_seqs", default=64),
-    use("max_num_batched_tokens", help="default: 512 CPU, 2048 CUDA"),
+    use("max_num_batched_tokens", help="default: 512 CPU (1024 bf16 without AMX), 2048 CUDA"),
     use("max_model_len", default=2048, help=None),
     use("num_blocks", help=None),
 )

@@ -29,7 +29,7 @@ class ServeOptions:
     attention_backend: str = "auto"
     max_model_len: int | None = None
     max_num_seqs: int = 256
-    # None: the workers' device default (512 CPU, 2048 CUDA)
+    # None: the workers' device default (512 CPU, 1024 bf16 without AMX, 2048 CUDA)
     max_num_batched_tokens: int | None = None
     block_size: int | None = None  # None: the workers' device default (8 CPU, 16 CUDA)
     gpu_memory_utilization: float = 0.9

@@ -113,7 +113,8 @@ class ModelRunner:
         # the step size the CUDA memory profile is run at; the scheduler adopts it when it
         # was given none
         self.max_num_batched_tokens = (
-            max_num_batched_tokens or self.platform.default_max_num_batched_tokens()
+            max_num_batched_tokens
+            or self.platform.default_max_num_batched_tokens(self.forward_pass)
         )
         # the sampler rows of the worst step the memory profile runs
         self.max_num_seqs = max_num_seqs or SchedulerConfig().max_num_seqs

@@ -77,7 +77,8 @@ class BasePlatform(ABC):
     def default_block_size(self) -> int:
         return default_block_size(self.device_type)
 
-    def default_max_num_batched_tokens(self) -> int:
+    def default_max_num_batched_tokens(self, forward_pass: ForwardPass) -> int:
+        """The step token budget when none is given, for steps through `forward_pass`."""
         return default_max_num_batched_tokens(self.device_type)
 
     def prepare_model(self, model: BaseCausalLM, world_size: int) -> None:  # noqa: B027

@@ -20,6 +20,16 @@ from pagedserve.services.gpu_worker.platforms.cpu_prepack import prepack_linears
 _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2", "AVX512_CORE",
                              "AVX512_CORE_VNNI")  # fmt: skip
 
+# The step token budget where the fused forward takes steps that big (bf16 without AMX): a
+# prompt token costs less there in 1024-token steps than in 512 (581 against 596 us,
+# `benchmarks/prefill_budget.py`), and a burst of prompts carries its running decodes through
+# half as many steps. Through `pagedserve serve`, 2 alternated rounds
+# (`benchmarks/results/budget1024_fused_serve_ab_avx512bf16_2026-12-05.md`): at 64 in flight
+# TTFT p99 3648 against 3893 ms, p50 747 against 1105, 1.02x output tok/s, TPOT p99 343
+# against 323; at 16 in flight TTFT p99 667 against 753. Elsewhere (fp32, AMX's 128-row
+# pass) the device default, 512: fp32 pays 8% more a prompt token at 1024.
+FUSED_STEP_TOKENS = 1024
+
 
 def cpu_supports_bf16() -> bool:
     """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
@@ -53,6 +63,11 @@ class CpuPlatform(BasePlatform):
     def forward_pass(self, model: BaseCausalLM) -> ForwardPass:
         fused = CpuFusedForward.build(model)
         return model if fused is None else fused
+
+    def default_max_num_batched_tokens(self, forward_pass: ForwardPass) -> int:
+        if isinstance(forward_pass, CpuFusedForward) and forward_pass.takes(FUSED_STEP_TOKENS):
+            return FUSED_STEP_TOKENS
+        return super().default_max_num_batched_tokens(forward_pass)
 
     def num_kv_blocks(self, sizing: KVSizing) -> int:
         budget = sizing.cache_config.kv_cache_memory or DEFAULT_CPU_KV_CACHE_BYTES

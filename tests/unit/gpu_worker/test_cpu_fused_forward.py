@@ -11,6 +11,7 @@ import torch
 from pagedserve.kernels import cpu_small_gemm
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.platforms.cpu import FUSED_STEP_TOKENS
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import SWITCH, CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
@@ -162,6 +163,19 @@ def test_without_amx_it_takes_steps_past_the_modules_products(engine, monkeypatc
     assert calls == [1]
     cosine = torch.nn.functional.cosine_similarity(ours.float(), theirs.float(), dim=-1)
     assert cosine.min() > 0.99
+
+
+def test_the_default_budget_is_1024_tokens_where_the_pass_takes_such_steps(engine, monkeypatch):
+    """1024-token steps where the fused pass takes them (bf16 without AMX), else the CPU's
+    512: through the modules, and beside AMX's 128-row pass."""
+    platform, fused = engine.runner.platform, engine.runner.forward_pass
+    expected = FUSED_STEP_TOKENS if fused.takes(FUSED_STEP_TOKENS) else 512
+    assert platform.default_max_num_batched_tokens(fused) == expected
+    assert platform.default_max_num_batched_tokens(engine.runner.model) == 512
+    monkeypatch.setattr(fused, "max_rows", cpu_small_gemm.AMX_MAX_ROWS)
+    assert platform.default_max_num_batched_tokens(fused) == 512
+    monkeypatch.setattr(fused, "max_rows", cpu_small_gemm.FUSED_MAX_ROWS_WITHOUT_AMX)
+    assert platform.default_max_num_batched_tokens(fused) == FUSED_STEP_TOKENS == 1024
 
 
 def test_a_slot_past_the_cache_is_an_error(engine):
