@@ -59,9 +59,11 @@ class TransformersServeConfig:
 def transformers_serve_argv(config: TransformersServeConfig, port: int) -> list[str]:
     """The command line of the server, run with this interpreter's transformers."""
     # `transformers serve` is a typer app; `python -m transformers.cli.transformers` is its
-    # entry point without relying on the console script being on PATH.
+    # entry point without relying on the console script being on PATH. `-P`: the working
+    # directory stays off sys.path, so our checkout's `kernels/` folder does not stand in for
+    # Hugging Face's `kernels` package, which transformers' serve imports (5.25 on).
     return [
-        sys.executable, "-m", "transformers.cli.transformers", "serve", str(config.model_dir),
+        sys.executable, "-P", "-m", "transformers.cli.transformers", "serve", str(config.model_dir),
         "--continuous-batching", "--device", "cpu", "--dtype", config.dtype,
         "--cb-block-size", str(config.block_size), "--cb-num-blocks", str(config.num_blocks),
         "--cb-max-batch-tokens", str(config.max_batch_tokens),

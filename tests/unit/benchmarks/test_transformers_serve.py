@@ -23,6 +23,7 @@ from pagedserve.services.cli.loadgen.workload import BenchRequest
 from tests.unit.benchmarks.fake_openai_server import fake_openai_server
 
 CONFIG = TransformersServeConfig(Path("/models/smol"), threads=2)
+REPO_ROOT = Path(__file__).resolve().parents[3]
 REQUEST = BenchRequest(" the cat sat", [2, 3, 4], output_len=5)
 
 
@@ -38,8 +39,8 @@ def test_the_body_asks_for_greedy_exact_lengths_without_fields_it_would_reject()
 def test_argv_carries_the_issue_flags_and_a_port() -> None:
     argv = transformers_serve_argv(CONFIG, 8123)
     text = " ".join(argv)
-    assert argv[:4] == [sys.executable, "-m", "transformers.cli.transformers", "serve"]
-    assert argv[4] == "/models/smol"
+    assert argv[:5] == [sys.executable, "-P", "-m", "transformers.cli.transformers", "serve"]
+    assert argv[5] == "/models/smol"
     for flags in ("--continuous-batching", "--device cpu", "--dtype float32",
                   "--cb-block-size 32", "--cb-num-blocks 1536", "--cb-max-batch-tokens 512",
                   "--host 127.0.0.1", "--port 8123"):  # fmt: skip
@@ -62,11 +63,25 @@ def test_every_flag_exists_in_the_installed_transformers_cli() -> None:
     pytest.importorskip("fastapi", reason="transformers serve needs fastapi (dev extras)")
     argv = transformers_serve_argv(CONFIG, 8123)
     help_text = subprocess.run(
-        [*argv[:4], "--help"], capture_output=True, text=True, timeout=120,
+        [*argv[:5], "--help"], capture_output=True, text=True, timeout=120,
         env={**transformers_serve_env(CONFIG), "COLUMNS": "200"},
     ).stdout  # fmt: skip
-    for flag in (a for a in argv[5:] if a.startswith("--")):
+    for flag in (a for a in argv[6:] if a.startswith("--")):
         assert flag in help_text, f"{flag} is not a `transformers serve` flag"
+
+
+def test_the_checkouts_kernels_folder_does_not_shadow_hugging_faces_kernels() -> None:
+    """Started from the repository root (as the suite is), the server's interpreter must not
+    find our `kernels/` folder as a top-level `kernels`: transformers' serve imports Hugging
+    Face's package of that name and exited at start-up (ImportError: CUDAProperties)."""
+    argv = transformers_serve_argv(CONFIG, 8123)
+    interpreter = argv[: argv.index("-m")]
+    find = "import importlib.util as u; s = u.find_spec('kernels'); print(s and s.origin)"
+    origin = subprocess.run(
+        [*interpreter, "-c", find], capture_output=True, text=True, timeout=60, check=True,
+        cwd=REPO_ROOT,
+    ).stdout.strip()  # fmt: skip
+    assert not origin.startswith(str(REPO_ROOT / "kernels")), origin
 
 
 def test_a_stream_without_done_is_read_to_its_end_with_every_token() -> None:
