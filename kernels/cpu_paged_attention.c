@@ -339,7 +339,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     if (whole_sequence && kv_head == 0 && !warm)
         warm_sequence(k_cache, v_cache, offsets, seq_len, cache_row * elem, elem);
 #ifdef __AVX512BF16__
-    if (is_bf16 && dot_supports(d)) {
+    if (on_dot_path(d, is_bf16)) {
         const int next_head_follows = whole_sequence && kv_head + 1 < num_kv_heads;
         const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
         int64_t *last = (int64_t *)(query_rows + rows);

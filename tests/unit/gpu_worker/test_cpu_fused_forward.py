@@ -178,6 +178,19 @@ def test_the_default_budget_is_1024_tokens_where_the_pass_takes_such_steps(engin
     assert platform.default_max_num_batched_tokens(fused) == FUSED_STEP_TOKENS == 1024
 
 
+def test_an_engine_given_no_budget_steps_by_the_passs_default():
+    """The runner asks the platform with the forward pass it built, and the scheduler adopts
+    the answer (a runner asking with the model would get 512)."""
+    engine = LLMEngine(
+        "smollm2", SchedulerConfig(max_model_len=1024),
+        CacheConfig(block_size=BLOCK_SIZE, num_blocks=64), dtype="bfloat16",
+    )  # fmt: skip
+    fused = engine.runner.forward_pass
+    expected = FUSED_STEP_TOKENS if fused.takes(FUSED_STEP_TOKENS) else 512
+    assert engine.shape.max_num_batched_tokens == expected
+    assert engine.scheduler.config.max_num_batched_tokens == expected
+
+
 def test_a_slot_past_the_cache_is_an_error(engine):
     num_blocks = engine.runner.kv_caches[0][0].shape[0]
     metadata = build_attention_metadata([1], [1], [[num_blocks]], BLOCK_SIZE, torch.device("cpu"))
