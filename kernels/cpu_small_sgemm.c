@@ -8,7 +8,8 @@
  * each panel's K x NR block contiguous by k, so a product streams every panel once, front to
  * back, while a tile of up to MR rows x NR columns accumulates in registers: per k, two
  * vector loads of the panel, one broadcast and two fused multiply-adds per row. Threads split
- * the panels.
+ * the panels. Many rows (a prompt) go in blocks that fit L2, each block over a thread's
+ * panels in turn (the product's weight then comes from L3 after the first block).
  *
  * Every output is one chain of fused multiply-adds over k = 0, 1, ..., K - 1, whatever the row
  * count, the tile or the vector width: a row's outputs do not depend on the rows beside it.
@@ -49,6 +50,7 @@ typedef __m256 vec;
 #define NR (2 * LANES)              /* output columns per panel: two vectors */
 #define PARALLEL_MIN_WORK (1 << 16) /* multiply-adds below which one thread does it all */
 #define PREFETCH_BYTES 4096         /* how far ahead in the panel the stream is prefetched */
+#define X_BLOCK_BYTES (256 * 1024)  /* rows of x a block holds (see block_rows) */
 
 int64_t small_sgemm_max_tile_rows(void) { return MR; }
 
@@ -124,21 +126,33 @@ static inline void store_row(float *restrict out, vec lo, vec hi, const float *r
     for (int64_t j = 0; j < columns; j++) out[j] = bias ? sums[j] + bias[j] : sums[j];
 }
 
+/* Rows per block: a block's rows of x (block * K floats) stay in L2 while every panel of a
+ * thread passes over them. Without blocks each panel read all of x again, from L3 once x
+ * outgrew L2: at 2048 rows a row cost 9% more than at 512. A multiple of MR. */
+static int64_t block_rows(int64_t k) {
+    const int64_t rows = X_BLOCK_BYTES / ((int64_t)sizeof(float) * (k > 0 ? k : 1)) / MR * MR;
+    return rows > MR ? rows : MR;
+}
+
 void small_sgemm(const float *restrict x, int64_t m, int64_t k, int64_t x_stride,
                  const float *restrict packed, int64_t n, const float *restrict bias,
                  float *restrict y, int64_t y_stride) {
-    const int64_t panels = (n + NR - 1) / NR;
-#pragma omp parallel for schedule(static) if (m * n * k >= PARALLEL_MIN_WORK)
-    for (int64_t p = 0; p < panels; p++) {
-        const float *panel = packed + p * NR * k;
-        const int64_t n0 = p * NR, columns = n - n0 < NR ? n - n0 : NR;
-        for (int64_t m0 = 0; m0 < m; m0 += MR) {
-            const int rows = m - m0 < MR ? (int)(m - m0) : MR;
-            vec acc[MR][2];
-            tile_product(x + m0 * x_stride, x_stride, panel, k, rows, acc);
-            for (int r = 0; r < rows; r++)
-                store_row(y + (m0 + r) * y_stride + n0, acc[r][0], acc[r][1],
-                          bias ? bias + n0 : 0, columns);
+    const int64_t panels = (n + NR - 1) / NR, block = block_rows(k);
+#pragma omp parallel if (m * n * k >= PARALLEL_MIN_WORK)
+    for (int64_t b0 = 0; b0 < m; b0 += block) {
+        const int64_t b1 = m - b0 < block ? m : b0 + block;
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; p++) {
+            const float *panel = packed + p * NR * k;
+            const int64_t n0 = p * NR, columns = n - n0 < NR ? n - n0 : NR;
+            for (int64_t m0 = b0; m0 < b1; m0 += MR) {
+                const int rows = b1 - m0 < MR ? (int)(b1 - m0) : MR;
+                vec acc[MR][2];
+                tile_product(x + m0 * x_stride, x_stride, panel, k, rows, acc);
+                for (int r = 0; r < rows; r++)
+                    store_row(y + (m0 + r) * y_stride + n0, acc[r][0], acc[r][1],
+                              bias ? bias + n0 : 0, columns);
+            }
         }
     }
 }

@@ -67,6 +67,21 @@ def test_a_rows_outputs_do_not_depend_on_the_rows_beside_it():
         assert torch.equal(alone, together[start:stop])
 
 
+@requires_kernel
+def test_rows_in_different_blocks_give_the_same_bits():
+    """A product of more rows than one block of x holds (K = 1536: 42 rows in AVX2 builds,
+    36 in AVX-512 ones) runs block after block; a row's outputs are still its own."""
+    torch.manual_seed(1)
+    weight = torch.randn(96, 1536) / 1536**0.5
+    packed = cpu_small_sgemm.pack(weight)
+    x = torch.randn(131, 1536)
+    together = cpu_small_sgemm.linear(x, packed, 96)
+    assert_close_to_exact(together, x, weight, None)
+    for start, stop in [(0, 1), (35, 37), (41, 43), (40, 90), (130, 131)]:
+        alone = cpu_small_sgemm.linear(x[start:stop].clone(), packed, 96)
+        assert torch.equal(alone, together[start:stop])
+
+
 def _build_for(capability: str, monkeypatch) -> ctypes.CDLL:
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
     library, _ = cpu_build.load_library(cpu_small_sgemm.SOURCE)
