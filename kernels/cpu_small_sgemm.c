@@ -25,6 +25,8 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "cpu_exp.h"
+
 #ifdef __AVX512F__
 typedef __m512 vec;
 #define LANES 16
@@ -98,8 +100,10 @@ static inline __attribute__((always_inline)) void tile(const float *restrict x, 
         tile(x, x_stride, panel, k, R, acc);                                                \
         break;
 
-static void tile_product(const float *restrict x, int64_t x_stride, const float *restrict panel,
-                         int64_t k, int rows, vec acc[MR][2]) {
+/* Always inlined, as in cpu_small_gemm.c: a call would keep `acc` behind a pointer. */
+static inline __attribute__((always_inline)) void tile_product(
+    const float *restrict x, int64_t x_stride, const float *restrict panel, int64_t k, int rows,
+    vec acc[MR][2]) {
     switch (rows) {
         TILE_CASE(1) TILE_CASE(2) TILE_CASE(3) TILE_CASE(4) TILE_CASE(5) TILE_CASE(6)
 #if MR > 6
@@ -152,6 +156,85 @@ void small_sgemm(const float *restrict x, int64_t m, int64_t k, int64_t x_stride
                 for (int r = 0; r < rows; r++)
                     store_row(y + (m0 + r) * y_stride + n0, acc[r][0], acc[r][1],
                               bias ? bias + n0 : 0, columns);
+            }
+        }
+    }
+}
+
+/* ---- SwiGLU: the gate and up products of an MLP and silu(gate) * up in one pass ----
+ *
+ * `packed` is small_sgemm_pack of the merged [2 * n_inter, k] weight, the gate's rows first,
+ * the up's after (n_inter a multiple of NR, so gate panel p and up panel p + n_inter / NR
+ * cover the same columns). A tile's gate and up sums are the merged product's (the same
+ * chains over k), and only silu(gate) * up is stored: the [m, 2 * n_inter] product and the
+ * two passes of torch's silu and multiplication over it are gone. silu(g) is g / (1 + exp(-g))
+ * as torch computes it in float32, with exp of -|g| only (Cephes here, SLEEF there: a value may
+ * differ from torch's in its last bit or two). */
+
+typedef float sgemm_vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t sgemm_vi __attribute__((vector_size(LANES * sizeof(float))));
+DEFINE_EXP_NONPOSITIVE(sgemm_exp_nonpositive, sgemm_vf, sgemm_vi) /* cpu_exp.h */
+
+static inline int any_lane(sgemm_vi mask) {
+#ifdef __AVX512F__
+    return _mm512_test_epi32_mask((__m512i)mask, (__m512i)mask) != 0;
+#else
+    return _mm256_movemask_ps((__m256)mask) != 0;
+#endif
+}
+
+static inline sgemm_vf select_lanes(sgemm_vi mask, sgemm_vf yes, sgemm_vf no) {
+    return (sgemm_vf)(((sgemm_vi)yes & mask) | ((sgemm_vi)no & ~mask));
+}
+
+/* silu(x) = x / (1 + exp(-x)); for x < 0 it is x e / (1 + e), e = exp(x) (no overflow). Below
+ * -87, where exp(x) leaves the normal floats (and cpu_exp.h returns 0), x e^x = (x e^(x + 8))
+ * e^-8, which torch still gets as x / exp(-x); below -88.7228, where its exp(-x) overflows,
+ * torch gets -0. */
+static inline sgemm_vf silu(sgemm_vf x) {
+    const sgemm_vf e = sgemm_exp_nonpositive((sgemm_vf)((sgemm_vi)x | INT32_MIN));
+    sgemm_vf out = select_lanes(x < 0.0f, x * e, x) / (1.0f + e);
+    const sgemm_vi deep = x < -87.0f;
+    if (any_lane(deep)) {
+        const sgemm_vf tail = x * sgemm_exp_nonpositive(x + 8.0f) * 3.3546262790251185e-4f;
+        out = select_lanes(deep, tail, out);
+        out = select_lanes(x < -88.72283935546875f, (sgemm_vf){0} - 0.0f, out);
+    }
+    return out;
+}
+
+void small_sgemm_swiglu(const float *restrict x, int64_t m, int64_t k, int64_t x_stride,
+                        const float *restrict packed, int64_t n_inter, float *restrict y,
+                        int64_t y_stride) {
+    const int64_t panels = n_inter / NR, block = block_rows(k);
+#pragma omp parallel if (2 * m * n_inter * k >= PARALLEL_MIN_WORK)
+    for (int64_t b0 = 0; b0 < m; b0 += block) {
+        const int64_t b1 = m - b0 < block ? m : b0 + block;
+#pragma omp for schedule(static) nowait
+        for (int64_t p = 0; p < panels; p++) {
+            const float *gate_panel = packed + p * NR * k;
+            const float *up_panel = packed + (p + panels) * NR * k;
+            for (int64_t m0 = b0; m0 < b1; m0 += MR) {
+                const int rows = b1 - m0 < MR ? (int)(b1 - m0) : MR;
+                /* The gate's sums wait in the output (L1) while the up product runs, and
+                 * silu comes after it: both tiles in registers would spill inside the k
+                 * loop in the 16-register AVX2 build, and silu between the two products made
+                 * the second one 2x slower there (its constants held registers). */
+                vec acc[MR][2];
+                float *out = y + m0 * y_stride + p * NR;
+                tile_product(x + m0 * x_stride, x_stride, gate_panel, k, rows, acc);
+                for (int r = 0; r < rows; r++) {
+                    vec_store(out + r * y_stride, acc[r][0]);
+                    vec_store(out + r * y_stride + LANES, acc[r][1]);
+                }
+                tile_product(x + m0 * x_stride, x_stride, up_panel, k, rows, acc);
+                for (int r = 0; r < rows; r++) {
+                    float *row = out + r * y_stride;
+                    const sgemm_vf lo = silu((sgemm_vf)vec_load(row)) * (sgemm_vf)acc[r][0];
+                    const sgemm_vf hi = silu((sgemm_vf)vec_load(row + LANES)) * (sgemm_vf)acc[r][1];
+                    vec_store(row, (vec)lo);
+                    vec_store(row + LANES, (vec)hi);
+                }
             }
         }
     }

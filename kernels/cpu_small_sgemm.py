@@ -32,7 +32,8 @@ KERNEL = cpu_build.CKernel(
     switch="PAGEDSERVE_CPU_SGEMM_KERNEL",
     what="CPU float32 GEMM kernel",
     functions=(
-        "small_sgemm_panel_columns", "small_sgemm_packed_numel", "small_sgemm_pack", "small_sgemm"
+        "small_sgemm_panel_columns", "small_sgemm_packed_numel", "small_sgemm_pack", "small_sgemm",
+        "small_sgemm_swiglu",
     ),
     unsupported=_below_avx2,
 )  # fmt: skip
@@ -89,3 +90,36 @@ def linear(
             f"x ({x.dtype}, {num_in} columns) does not fit a packed [{num_out}, K] float32 weight"
         )
     return call_packed_product(library.small_sgemm, x, packed, num_out, bias, torch.float32)
+
+
+def takes_swiglu(num_inter: int) -> bool:
+    """`swiglu` takes an MLP of this width: the kernel is built and the width is whole panels
+    (gate panel p and up panel p + num_inter / panel columns cover the same columns)."""
+    return available() and num_inter % _panel_columns() == 0
+
+
+def swiglu(
+    x: torch.Tensor,  # [..., K] float32
+    packed: torch.Tensor,  # `pack` of the merged [2 * num_inter, K] gate-and-up weight
+    num_inter: int,  # the MLP's width: the gate's (and the up's) row count
+) -> torch.Tensor:  # [..., num_inter] float32
+    """silu(x Wg^T) * (x Wu^T) of a merged gate-and-up weight in one pass: the products'
+    sums are `linear`'s, silu is torch's formula (see `small_sgemm_swiglu` in the C source)."""
+    library = _library()
+    num_in = x.shape[-1]
+    if x.dtype != torch.float32 or num_inter % _panel_columns():
+        raise ValueError(
+            f"needs float32 rows and a width that is a multiple of {_panel_columns()}, "
+            f"got {x.dtype} and {num_inter}"
+        )
+    if packed.numel() != packed_numel(2 * num_inter, num_in):
+        raise ValueError(f"x ({num_in} columns) does not fit a packed [{2 * num_inter}, K] weight")
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_inter, dtype=torch.float32)
+    library.small_sgemm_swiglu(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_inter,
+        out.data_ptr(), num_inter,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_inter)
