@@ -195,7 +195,9 @@ def swiglu(x: torch.Tensor, weight: torch.Tensor, packed_weight: object) -> torc
     return cpu_small_gemm.silu_and_mul(linear(x, weight, None, packed_weight))
 
 
-def _fp32_swiglu(x: torch.Tensor, num_inter: int, packed_weight: Fp32Packing) -> torch.Tensor | None:
+def _fp32_swiglu(
+    x: torch.Tensor, num_inter: int, packed_weight: Fp32Packing
+) -> torch.Tensor | None:
     """The float32 kernel's fused pass where its panels hold the weight (not MKL's) and the
     width is whole panels: torch's silu and multiplication over the [rows, 2 x num_inter]
     product cost 37-46 us a token for SmolLM2-135M (30 layers, AVX2, 2 threads) on top of it."""
