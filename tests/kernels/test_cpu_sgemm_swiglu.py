@@ -37,9 +37,7 @@ def unfused(x: torch.Tensor, packed: torch.Tensor, num_inter: int) -> torch.Tens
 
 
 def assert_torchs_up_to_last_bits(out: torch.Tensor, expected: torch.Tensor) -> None:
-    assert ((out - expected).abs() <= expected.abs() * RELATIVE).all(), (
-        (out - expected).abs().max()
-    )
+    assert ((out - expected).abs() <= expected.abs() * RELATIVE).all(), (out - expected).abs().max()
 
 
 @pytest.mark.parametrize("rows", [1, 5, 6, 7, 12, 13, 64, 131])
