@@ -11,7 +11,8 @@ steal stayed under `--max-steal`, and every round's head/base throughput ratio i
       --out benchmarks/results/serve_ab
 
 A flag of one checkout against its default: the same checkout on both sides, and the flag in
-`--head-args` (e.g. `--base . --head-args=--async-scheduling`).
+`--head-args` (e.g. `--base . --head-args=--async-scheduling`); a setting of its environment
+in `--base-env` / `--head-env` (e.g. `--base . --base-env PAGEDSERVE_CPU_FUSED_FORWARD=0`).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ class CheckoutServeConfig:
     threads: int | None
     startup_timeout_s: float
     serve_args: tuple[str, ...] = ()  # more `pagedserve serve` flags
+    env: tuple[str, ...] = ()  # NAME=VALUE settings of the server's environment
 
 
 class CheckoutServer(PeerServer):
@@ -75,6 +77,7 @@ class CheckoutServer(PeerServer):
         env = dict(os.environ)
         if c.threads:
             env["PAGEDSERVE_NUM_THREADS"] = str(c.threads)
+        env.update(setting.split("=", 1) for setting in c.env)
         return ChildSpec(self.name, argv, env=env)
 
     def endpoint(self) -> EndpointConfig:
@@ -90,11 +93,11 @@ def revision(checkout: Path) -> str:
 
 
 def run_side(
-    args: argparse.Namespace, checkout: Path, serve_args: str, plan: tuple
+    args: argparse.Namespace, checkout: Path, serve_args: str, env: str, plan: tuple
 ) -> dict[str, Any]:
     config = CheckoutServeConfig(
         checkout, args.model, args.dtype_resolved, args.threads, args.startup_timeout,
-        tuple(shlex.split(serve_args)),
+        tuple(shlex.split(serve_args)), tuple(shlex.split(env)),
     )  # fmt: skip
     log_path = Path(tempfile.gettempdir()) / f"pagedserve-serve-ab-{checkout.name}.log"
     print(f"starting {checkout}'s pagedserve serve (logs: {log_path})", flush=True)
@@ -111,7 +114,8 @@ def alternate(args: argparse.Namespace, plan: tuple) -> dict[str, list[dict[str,
         print(f"round {index + 1} of {args.rounds}: {' then '.join(order)}", flush=True)
         for side in order:
             serve_args = args.head_args if side == "head" else args.base_args
-            rounds[side].append(run_side(args, sides[side], serve_args, plan))
+            env = args.head_env if side == "head" else args.base_env
+            rounds[side].append(run_side(args, sides[side], serve_args, env, plan))
     return rounds
 
 
@@ -176,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
     add("--rates", default="", help="Poisson request rates (req/s) after the levels")
     add("--base-args", default="", help="more `pagedserve serve` flags of the base side")
     add("--head-args", default="", help="more `pagedserve serve` flags of the head side")
+    add("--base-env", default="", help="NAME=VALUE settings of the base side's environment")
+    add("--head-env", default="", help="NAME=VALUE settings of the head side's environment")
     add("--rounds", type=int, default=4)
     add("--max-steal", type=float, default=0.10)
     add("--num-warmups", type=int, default=8)
@@ -195,8 +201,8 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_info() | {"lscpu_isa_flags": lscpu_isa()},
         "base": revision(Path(args.base)),
         "head": revision(Path(args.head)),
-        "base_args": args.base_args,
-        "head_args": args.head_args,
+        "base_args": " ".join(filter(None, [args.base_env, args.base_args])),
+        "head_args": " ".join(filter(None, [args.head_env, args.head_args])),
         "dtype": args.dtype_resolved,
         "threads": args.threads,
         "workload": workload_summary(requests),

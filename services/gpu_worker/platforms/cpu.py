@@ -28,8 +28,9 @@ _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2",
 # TTFT p99 3648 against 3893 ms, p50 747 against 1105, 1.02x output tok/s, TPOT p99 343
 # against 323; at 16 in flight TTFT p99 667 against 753; 3 more rounds at 64 in flight
 # (`..._default_serve_ab_64_avx512bf16_2026-12-05.md`): TTFT p99 3557-3702 against 3804-4076,
-# TPOT p99 337-342 against 305-327. Elsewhere (fp32, AMX's 128-row pass) the device default,
-# 512: fp32 pays 8% more a prompt token at 1024.
+# TPOT p99 337-342 against 305-327. Elsewhere (fp32, whose pass takes only steps of short
+# chunks, and AMX's 128-row pass) the device default, 512: fp32 pays 3-8% more a prompt token
+# at 1024.
 FUSED_STEP_TOKENS = 1024
 
 
@@ -67,7 +68,11 @@ class CpuPlatform(BasePlatform):
         return model if fused is None else fused
 
     def default_max_num_batched_tokens(self, forward_pass: ForwardPass) -> int:
-        if isinstance(forward_pass, CpuFusedForward) and forward_pass.takes(FUSED_STEP_TOKENS):
+        if (
+            isinstance(forward_pass, CpuFusedForward)
+            and forward_pass.dtype == torch.bfloat16
+            and forward_pass.takes(FUSED_STEP_TOKENS)
+        ):
             return FUSED_STEP_TOKENS
         return super().default_max_num_batched_tokens(forward_pass)
 

@@ -1,6 +1,6 @@
-"""The Llama family's forward pass on a CPU in bf16 as one loop of C calls, a forward pass the
-CPU platform builds for a plain `LlamaForCausalLM` (no other architecture: it is the Llama
-layer's ops in the Llama layer's order).
+"""The Llama family's forward pass on a CPU in bf16 or float32 as one loop of C calls, a forward
+pass the CPU platform builds for a plain `LlamaForCausalLM` (no other architecture: it is the
+Llama layer's ops in the Llama layer's order).
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
@@ -16,9 +16,18 @@ rows), and the MLP's gate-and-up product is followed by `silu_and_mul` instead o
 pass (the AMX product is the faster there; the bits are the fused pass's), as in the module
 path.
 
+In float32, where the weights are in `cpu_small_sgemm`'s panels (CPUs not made by Intel; on
+Intel CPUs the platform keeps MKL's packing and the modules), the products are that kernel's
+and the MLP its fused SwiGLU, as in the module path, and the pass takes a step whose chunks
+the attention kernel takes (up to 16 new tokens a sequence in float32: decodes, drafts, short
+prompts); a step with a longer chunk, SDPA's in the module path, goes through the modules. At
+16 sequences in flight, in-process, AVX2 caps, the module path spent ~18% of the main thread in
+Python and torch between kernels (while the other thread waited); the pass: 1.10-1.12x output
+tok/s.
+
 `CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
-a CPU or not bf16, tensor parallel, a kernel missing, a bias, another activation), and a step
-goes through the modules when its rows are more than the pass takes
+a CPU, neither bf16 nor float32, tensor parallel, a kernel missing, a bias, another
+activation), and a step goes through the modules when its rows are more than the pass takes
 (`cpu_small_gemm.fused_max_rows`: without AMX, 2048, more than the modules' products take,
 `cpu_small_gemm.max_rows`, 512; between the two the modules multiply with oneDNN, so a step
 of 513-2048 rows gets other bits here than through the modules, as it would from another
@@ -38,9 +47,11 @@ from pagedserve.kernels import (
     cpu_rms_norm,
     cpu_rotary,
     cpu_small_gemm,
+    cpu_small_sgemm,
 )
 from pagedserve.services.gpu_worker.attention.base import AttentionMetadata
 from pagedserve.services.gpu_worker.attention.torch_backend import (
+    KernelSplit,
     TorchAttentionBackend,
     kernel_split,
 )
@@ -49,11 +60,17 @@ from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLa
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
-from pagedserve.services.gpu_worker.platforms.cpu_prepack import Bf16Packing, packing_of
+from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
+    Bf16Packing,
+    Fp32Packing,
+    packing_of,
+)
 from pagedserve.shared.options import switch_on
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
-BF16_BYTES = 2
+# float32 products take any rows; the pass takes a float32 step whose chunks are all short
+# enough for the attention kernel (`cpu_paged_attention.max_query_len`)
+FP32_MAX_ROWS = 1 << 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,67 +102,91 @@ class _Shape:
         return self.num_heads * self.head_dim
 
 
-def _few_rows(layer: torch.nn.Module) -> torch.Tensor | None:
-    """The layer's panels for the kernel's products (the `vdpbf16ps` and AMX tiles read the
-    same layout), if it has them and no bias."""
+def _panels(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
+    """The layer's weight in the kernel's panels, if it has them and no bias: bf16's for the
+    `vdpbf16ps` and AMX tiles (one layout), float32's for `cpu_small_sgemm` (not MKL's)."""
     packed = packing_of(layer)
-    if not isinstance(packed, Bf16Packing) or getattr(layer, "bias", None) is not None:
+    if getattr(layer, "bias", None) is not None:
         return None
-    return packed.few_rows
+    if dtype == torch.bfloat16 and isinstance(packed, Bf16Packing):
+        return packed.few_rows
+    if dtype == torch.float32 and isinstance(packed, Fp32Packing):
+        return packed.kernel
+    return None
 
 
-def _layer_pointers(layer: PreNormDecoderLayer) -> _LayerPointers | None:
+def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPointers | None:
     attn, mlp = layer.self_attn, layer.mlp
     if attn.q_norm is not None or not isinstance(mlp.act_and_mul, SiluAndMul):
         return None
-    panels = [_few_rows(m) for m in (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)]
+    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
+    panels = [_panels(m, dtype) for m in linears]
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
     if any(p is None for p in panels) or any(
-        w.dtype != torch.bfloat16 or not w.is_contiguous() for w in norms
+        w.dtype != dtype or not w.is_contiguous() for w in norms
     ):
         return None
     qkv, o, gate_up, down = (p.data_ptr() for p in panels)  # type: ignore[union-attr]
     return _LayerPointers(norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down)
 
 
-def _kernels_ready(shape: _Shape) -> bool:
+def _kernels_ready(shape: _Shape, dtype: torch.dtype) -> bool:
+    if dtype == torch.bfloat16:
+        products = (
+            cpu_small_gemm.load() is not None
+            and cpu_small_gemm.takes_mlp(1, shape.hidden, shape.intermediate)
+            and cpu_paged_attention.uses_bf16_dot(shape.head_dim)  # chunks of any length
+        )
+    else:
+        products = (
+            cpu_small_sgemm.takes_swiglu(shape.intermediate)
+            and cpu_paged_attention.load() is not None
+            and shape.head_dim % 8 == 0
+        )
     return (
-        cpu_small_gemm.load() is not None
-        and cpu_small_gemm.takes_mlp(1, shape.hidden, shape.intermediate)
+        products
         and cpu_rms_norm.load() is not None
         and shape.hidden <= cpu_rms_norm.MAX_HIDDEN
         and cpu_rotary.load() is not None
         and cpu_kv_write.load() is not None
-        and cpu_paged_attention.uses_bf16_dot(shape.head_dim)  # it takes chunks of any length
     )
 
 
 class CpuFusedForward:
-    """`LlamaForCausalLM.forward` for a CPU bf16 model, see the module docstring. Called as
-    the model is, it takes the steps whose rows the products take and leaves the others to
-    the modules."""
+    """`LlamaForCausalLM.forward` for a CPU bf16 or float32 model, see the module docstring.
+    Called as the model is, it takes the steps whose rows the products take (float32: and
+    whose chunks the attention kernel takes) and leaves the others to the modules."""
 
     def __init__(
-        self, model: LlamaForCausalLM, shape: _Shape, layers: list[_LayerPointers]
+        self,
+        model: LlamaForCausalLM,
+        shape: _Shape,
+        layers: list[_LayerPointers],
+        dtype: torch.dtype = torch.bfloat16,
     ) -> None:
         self.model = model
         self.shape = shape
         self.layers = layers
+        self.dtype = dtype
+        self.is_bf16 = int(dtype == torch.bfloat16)  # the C kernels' dtype flag
+        self.element_bytes = torch.empty(0, dtype=dtype).element_size()
         first = model.layers[0]
         self.eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
         self.scale = first.self_attn.attn.scale
-        self.max_rows = min(
-            cpu_small_gemm.fused_max_rows(width)
-            for width in (shape.hidden, shape.attention_width, shape.intermediate)
-        )
-        # by K: the AMX tiles where the CPU has them and they take K, else `vdpbf16ps`
-        self.product = {
-            k: cpu_small_gemm.product_for(k)
-            for k in (shape.hidden, shape.attention_width, shape.intermediate)
-        }
-        self.fuses_swiglu = cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
-        self.swiglu = cpu_small_gemm.load().small_gemm_swiglu
-        self.silu_and_mul = cpu_small_gemm.load().silu_and_mul
+        widths = (shape.hidden, shape.attention_width, shape.intermediate)
+        if self.is_bf16:
+            self.max_rows = min(cpu_small_gemm.fused_max_rows(width) for width in widths)
+            # by K: the AMX tiles where the CPU has them and they take K, else `vdpbf16ps`
+            self.product = {k: cpu_small_gemm.product_for(k) for k in widths}
+            self.fuses_swiglu = cpu_small_gemm.fuses_swiglu(1, shape.hidden, shape.intermediate)
+            self.swiglu = cpu_small_gemm.load().small_gemm_swiglu
+            self.silu_and_mul = cpu_small_gemm.load().silu_and_mul
+        else:
+            library = cpu_small_sgemm.load()
+            self.max_rows = FP32_MAX_ROWS
+            self.product = dict.fromkeys(widths, library.small_sgemm)
+            self.fuses_swiglu = True
+            self.swiglu = library.small_sgemm_swiglu
         self.norm = cpu_rms_norm.load().add_rms_norm
         self.rotate = cpu_rotary.load().rotate_in_place
         self.write_kv = cpu_kv_write.load().write_kv_rows
@@ -163,10 +204,10 @@ class CpuFusedForward:
         if (
             not switch_on(SWITCH)
             or embed.device.type != "cpu"
-            or embed.dtype != torch.bfloat16
+            or embed.dtype not in (torch.bfloat16, torch.float32)
             or get_tp_world_size() != 1
             or not isinstance(first.attn, TorchAttentionBackend)
-            or model.norm.weight.dtype != torch.bfloat16
+            or model.norm.weight.dtype != embed.dtype
             or model.rotary.cos.dtype != torch.float32  # the rotary kernel's angles
         ):
             return None
@@ -177,15 +218,23 @@ class CpuFusedForward:
             head_dim=first.head_dim,
             intermediate=model.layers[0].mlp.gate_up_proj.weight.shape[0] // 2,
         )
-        if not _kernels_ready(shape):
+        if not _kernels_ready(shape, embed.dtype):
             return None
-        layers = [_layer_pointers(layer) for layer in model.layers]
+        layers = [_layer_pointers(layer, embed.dtype) for layer in model.layers]
         if any(p is None for p in layers):
             return None
-        return cls(model, shape, layers)  # type: ignore[arg-type]
+        return cls(model, shape, layers, embed.dtype)  # type: ignore[arg-type]
 
     def takes(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_rows
+
+    def takes_step(self, num_tokens: int, metadata: AttentionMetadata) -> bool:
+        """The pass takes this step: its rows, and every sequence's new tokens in the
+        attention kernel (float32: chunks of up to `max_query_len`; longer ones are SDPA's,
+        through the modules)."""
+        if not self.takes(num_tokens):
+            return False
+        return self.is_bf16 or not self._split(metadata).long
 
     def __call__(
         self,
@@ -194,7 +243,7 @@ class CpuFusedForward:
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
     ) -> torch.Tensor:  # [T, H] final hidden states
-        if self.takes(token_ids.shape[0]):
+        if self.takes_step(token_ids.shape[0], metadata):
             return self.forward(token_ids, positions, kv_caches, metadata)
         return self.model(token_ids, positions, kv_caches, metadata)
 
@@ -207,15 +256,15 @@ class CpuFusedForward:
     ) -> torch.Tensor:  # [T, H] final hidden states
         s, num_tokens = self.shape, int(token_ids.shape[0])
         k_cache = kv_caches[0][0]
-        if k_cache.dtype != torch.bfloat16 or not k_cache.is_contiguous():
-            raise ValueError(f"the KV cache must be contiguous bf16, got {k_cache.dtype}")
+        if k_cache.dtype != self.dtype or not k_cache.is_contiguous():
+            raise ValueError(f"the KV cache must be contiguous {self.dtype}, got {k_cache.dtype}")
         hidden = self.model.embed_tokens(token_ids).contiguous()
         cos, sin = self.model.rotary.angles(positions)
         step = self._attention_step(metadata)
         slots = metadata.slot_mapping.contiguous()
 
         def empty(width: int) -> torch.Tensor:
-            return torch.empty(num_tokens, width, dtype=torch.bfloat16)
+            return torch.empty(num_tokens, width, dtype=self.dtype)
 
         normed, residual, out = empty(s.hidden), empty(s.hidden), empty(s.hidden)
         qkv, attended, act = empty(s.qkv_width), empty(s.attention_width), empty(s.intermediate)
@@ -226,8 +275,8 @@ class CpuFusedForward:
         qkv_product, o_product, down_product = (
             self.product[k] for k in (s.hidden, s.attention_width, s.intermediate)
         )
-        key_p = qkv_p + s.attention_width * BF16_BYTES
-        value_p = key_p + s.num_kv_heads * s.head_dim * BF16_BYTES
+        key_p = qkv_p + s.attention_width * self.element_bytes
+        value_p = key_p + s.num_kv_heads * s.head_dim * self.element_bytes
         heads, kv_row = s.num_heads + s.num_kv_heads, s.num_kv_heads * s.head_dim
         x_p, x_residual = hidden_p, None  # the first layer's norm has no residual to add
         for layer, eps, (k_cache, v_cache) in zip(self.layers, self.eps, kv_caches, strict=True):
@@ -236,10 +285,12 @@ class CpuFusedForward:
             x_residual = residual_p if x_residual is not None else hidden_p
             qkv_product(normed_p, num_tokens, s.hidden, s.hidden, layer.qkv, s.qkv_width, None,
                         qkv_p, s.qkv_width)  # fmt: skip
-            self.rotate(qkv_p, num_tokens, heads, s.head_dim, s.qkv_width, cos_p, sin_p, 1)
+            self.rotate(qkv_p, num_tokens, heads, s.head_dim, s.qkv_width, cos_p, sin_p,
+                        self.is_bf16)  # fmt: skip
             num_slots = k_cache.shape[0] * k_cache.shape[1]
+            kv_bytes = self.element_bytes
             if self.write_kv(key_p, value_p, s.qkv_width, k_cache.data_ptr(), v_cache.data_ptr(),
-                             num_slots, slots_p, num_tokens, kv_row, BF16_BYTES):  # fmt: skip
+                             num_slots, slots_p, num_tokens, kv_row, kv_bytes):  # fmt: skip
                 raise ValueError(f"a slot of this step is past the caches' {num_slots}")
             self._attend(step, qkv_p, k_cache, v_cache, attended_p)
             o_product(attended_p, num_tokens, s.attention_width, s.attention_width, layer.o,
@@ -263,7 +314,7 @@ class CpuFusedForward:
     ) -> None:  # fmt: skip
         """RMSNorm(x + residual) into `out`, the sum into `sum_out` (in place of `residual`
         is safe: the kernel reads a row whole before it writes it)."""
-        if self.norm(x, residual, sum_out, out, weight, rows, self.shape.hidden, eps, 1):
+        if self.norm(x, residual, sum_out, out, weight, rows, self.shape.hidden, eps, self.is_bf16):
             raise ValueError(f"hidden size {self.shape.hidden} is over the RMSNorm kernel's")
 
     def _mlp_up(self, normed: int, rows: int, weight: int, gate_up: int, act: int) -> None:
@@ -277,10 +328,13 @@ class CpuFusedForward:
                              2 * inter)  # fmt: skip
         self.silu_and_mul(gate_up, rows, inter, 2 * inter, act, inter)
 
+    def _split(self, metadata: AttentionMetadata) -> KernelSplit:
+        return kernel_split(metadata, self.dtype, self.shape.head_dim)
+
     def _attention_step(self, metadata: AttentionMetadata) -> cpu_paged_attention.PreparedStep:
         """The kernel's arguments for the step's sequences, as the attention backend splits
         them (the `vdpbf16ps` kernel takes chunks of any length, so it takes them all)."""
-        split = kernel_split(metadata, torch.bfloat16, self.shape.head_dim)
+        split = self._split(metadata)
         if split.long or split.short is None:
             raise ValueError("the fused forward needs every sequence in the attention kernel")
         return split.short
@@ -298,7 +352,7 @@ class CpuFusedForward:
         status = self.attend(
             out, qkv, s.qkv_width, k_cache.data_ptr(), v_cache.data_ptr(), tables, max_blocks,
             lens, starts, seqs, num_seqs, s.num_heads, s.num_kv_heads, s.head_dim,
-            k_cache.shape[1], self.scale, 1,
+            k_cache.shape[1], self.scale, self.is_bf16,
         )  # fmt: skip
         if status != 0:
             raise MemoryError("the CPU paged attention kernel could not allocate its scratch")

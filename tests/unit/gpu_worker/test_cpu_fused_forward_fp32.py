@@ -1,0 +1,134 @@
+"""The CPU forward pass as one loop of C calls in float32 (`cpu_fused_forward.py`): where the
+float32 kernel holds the weights, the same bits as the module path for steps whose chunks the
+attention kernel takes (decodes, drafts, short prompts), the modules for a step with a longer
+chunk (SDPA's), and the CPU's default budget unchanged."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedserve.kernels import cpu_paged_attention, cpu_small_sgemm
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.platforms import cpu_prepack
+from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import SamplingParams
+
+pytestmark = pytest.mark.skipif(
+    str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"),
+    reason="the float32 kernel is built for CPUs with AVX2",
+)
+BLOCK_SIZE = 16
+
+
+@pytest.fixture(scope="module")
+def engine() -> LLMEngine:
+    """SmolLM2 in float32 with its weights in the float32 kernel's panels (where MKL is at
+    its best, Intel CPUs, the platform packs them for MKL instead: forced here)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cpu_prepack, "fp32_uses_kernel", lambda: True)
+        return LLMEngine(
+            "smollm2",
+            SchedulerConfig(max_model_len=1024),
+            CacheConfig(block_size=BLOCK_SIZE, num_blocks=64),
+            dtype="float32",
+        )
+
+
+def counting(monkeypatch, fused: CpuFusedForward) -> list[int]:
+    calls, real = [], fused.forward
+    monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
+def short_steps(vocab: int):
+    """Step 1: two prompts (12 and 9 tokens). Step 2: a 5-token chunk over the first's 12
+    (across a block boundary), a decode of the second, and a third sequence's 4 rows (a token
+    and 3 drafts) over 30 cached tokens. Every chunk is short enough for the attention
+    kernel (16 new tokens in float32)."""
+    gen = torch.Generator().manual_seed(0)
+    tables, cpu = [[0, 1], [2], [3, 4, 5]], torch.device("cpu")
+    return [
+        (
+            torch.randint(0, vocab, (21,), generator=gen),
+            torch.tensor([*range(12), *range(9)]),
+            build_attention_metadata([12, 9], [12, 9], tables[:2], BLOCK_SIZE, cpu),
+        ),
+        (
+            torch.randint(0, vocab, (10,), generator=gen),
+            torch.tensor([*range(12, 17), 9, *range(30, 34)]),
+            build_attention_metadata([17, 10, 34], [5, 1, 4], tables, BLOCK_SIZE, cpu),
+        ),
+    ]
+
+
+def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatch):
+    model, fused = engine.runner.model, engine.runner.forward_pass
+    assert isinstance(fused, CpuFusedForward) and fused.dtype == torch.float32
+    calls = counting(monkeypatch, fused)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    module_caches = [(k.clone(), v.clone()) for k, v in caches]
+    steps = short_steps(model.config.vocab_size)
+    with torch.inference_mode():
+        ours = [fused(t, p, caches, m) for t, p, m in steps]
+        theirs = [model(t, p, module_caches, m) for t, p, m in steps]
+    assert calls == [1, 1]
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == torch.float32 and torch.equal(a, b)
+    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
+        assert torch.equal(k, mk) and torch.equal(v, mv)
+
+
+def test_a_step_with_a_chunk_past_the_attention_kernels_goes_through_the_modules(
+    engine, monkeypatch
+):
+    fused = engine.runner.forward_pass
+    longest = cpu_paged_attention.max_query_len(torch.float32, 64)
+    assert longest is not None
+    calls = counting(monkeypatch, fused)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    prompt = " ".join(["word"] * (longest + 8))  # more tokens than the kernel's chunks
+    result = engine.generate([prompt], greedy)[0]
+    assert len(result.token_ids) == 2
+    assert calls == [1]  # the decode step only: the prompt's was SDPA's, through the modules
+
+
+def test_greedy_generation_is_unchanged(engine):
+    fused = engine.runner.forward_pass
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine.reset_prefix_cache()
+    with_fused = engine.generate(texts, greedy)
+    engine.reset_prefix_cache()
+    engine.runner.forward_pass = engine.runner.model
+    try:
+        without = engine.generate(texts, greedy)
+    finally:
+        engine.runner.forward_pass = fused
+    assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
+    assert "Paris" in with_fused[0].text
+
+
+def test_the_default_budget_stays_the_cpus(engine):
+    """512 tokens: the float32 pass takes steps of short chunks only (a 1024-token step is
+    prompts, SDPA's), and a float32 prompt token costs more in bigger steps."""
+    fused = engine.runner.forward_pass
+    assert fused.takes(1024)
+    assert engine.runner.platform.default_max_num_batched_tokens(fused) == 512
+    assert engine.scheduler.config.max_num_batched_tokens == 512
+
+
+def test_not_built_where_mkl_holds_the_weights(engine, monkeypatch):
+    """Intel CPUs keep MKL's packing for float32 (`cpu_prepack.fp32_uses_kernel`): no panels
+    of the kernel's to multiply with, so the modules."""
+    model = engine.runner.model
+    assert CpuFusedForward.build(model) is not None
+    layer = model.layers[2].mlp.down_proj
+    mkl_form = cpu_prepack.Fp32Packing(None, torch.empty(1))
+    monkeypatch.setattr(layer.linear_method, "packing", mkl_form)
+    assert CpuFusedForward.build(model) is None
+    monkeypatch.undo()
+    monkeypatch.setattr(cpu_small_sgemm, "takes_swiglu", lambda num_inter: False)
+    assert CpuFusedForward.build(model) is None
