@@ -234,7 +234,7 @@ class CpuFusedForward:
         through the modules)."""
         if not self.takes(num_tokens):
             return False
-        return self.is_bf16 or not self._split(metadata).long
+        return bool(self.is_bf16) or not self._split(metadata).long
 
     def __call__(
         self,
