@@ -113,7 +113,8 @@ def test_greedy_generation_is_unchanged(engine):
 
 def test_the_default_budget_stays_the_cpus(engine):
     """512 tokens: the float32 pass takes steps of short chunks only (a 1024-token step is
-    prompts, SDPA's), and a float32 prompt token costs more in bigger steps."""
+    prompts, SDPA's), and through the service 1024-token float32 steps traded TPOT p99 for
+    TTFT p99 (see `platforms/cpu.py`)."""
     fused = engine.runner.forward_pass
     assert fused.takes(1024)
     assert engine.runner.platform.default_max_num_batched_tokens(fused) == 512
