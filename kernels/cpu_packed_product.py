@@ -1,6 +1,8 @@
 """Calling a packed-weight GEMM of the CPU kernels: `small_gemm` and `small_gemm_amx`
 (`cpu_small_gemm.c`, bf16) and `small_sgemm` (`cpu_small_sgemm.c`, float32) share one C
-signature, `(x, m, k, x_stride, packed, n, bias, y, y_stride)`, and this is its one call site.
+signature, `(x, m, k, x_stride, packed, n, bias, y, y_stride)`, and this is its one call site;
+their fused SwiGLU passes, `small_gemm_swiglu` and `small_sgemm_swiglu`, share another,
+`(x, m, k, x_stride, packed, n_inter, y, y_stride)`, called from `call_packed_swiglu`.
 """
 
 from __future__ import annotations
@@ -31,3 +33,23 @@ def call_packed_product(
         None if bias is None else bias.data_ptr(), out.data_ptr(), num_out,
     )  # fmt: skip
     return out.view(*x.shape[:-1], num_out)
+
+
+def call_packed_swiglu(
+    swiglu: Callable[..., None],  # `small_gemm_swiglu` or `small_sgemm_swiglu`
+    x: torch.Tensor,  # [..., K] in `dtype`, checked by the caller
+    packed: torch.Tensor,  # the merged [2 * num_inter, K] gate-and-up weight's panels
+    num_inter: int,  # the MLP's width
+    dtype: torch.dtype,  # of x and the output
+) -> torch.Tensor:  # [..., num_inter]
+    """silu(x Wg^T) * (x Wu^T): rows of x in place (contiguous along K)."""
+    num_in = x.shape[-1]
+    rows = x.reshape(-1, num_in)
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    out = torch.empty(rows.shape[0], num_inter, dtype=dtype)
+    swiglu(
+        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_inter,
+        out.data_ptr(), num_inter,
+    )  # fmt: skip
+    return out.view(*x.shape[:-1], num_inter)

@@ -30,7 +30,7 @@ import torch
 
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError
-from pagedserve.kernels.cpu_packed_product import call_packed_product
+from pagedserve.kernels.cpu_packed_product import call_packed_product, call_packed_swiglu
 from pagedserve.shared.options import switch_on
 
 logger = logging.getLogger(__name__)
@@ -210,15 +210,7 @@ def swiglu(
         )
     if packed.numel() != packed_numel(2 * num_inter, num_in):
         raise ValueError(f"x ({num_in} columns) does not fit a packed [{2 * num_inter}, K] weight")
-    rows = x.reshape(-1, num_in)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
-    out = torch.empty(rows.shape[0], num_inter, dtype=torch.bfloat16)
-    library.small_gemm_swiglu(
-        rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_inter,
-        out.data_ptr(), num_inter,
-    )  # fmt: skip
-    return out.view(*x.shape[:-1], num_inter)
+    return call_packed_swiglu(library.small_gemm_swiglu, x, packed, num_inter, torch.bfloat16)
 
 
 def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:  # [..., 2 * num_inter] bf16

@@ -13,22 +13,16 @@ from pagedserve.services.gpu_worker.layers import linear as linear_layers
 from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
 from pagedserve.services.gpu_worker.platforms import cpu_prepack
 
-pytestmark = pytest.mark.skipif(
-    str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"),
-    reason="the kernel is built for CPUs with AVX2",
-)
+pytestmark = [
+    pytest.mark.skipif(
+        str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"),
+        reason="the kernel is built for CPUs with AVX2",
+    ),
+    pytest.mark.usefixtures("fresh_sgemm_load"),  # tests/kernels/conftest.py
+]
 
 # silu's exp is Cephes here and SLEEF in torch: a value may differ in its last bits
 RELATIVE = 2.0**-20
-
-
-@pytest.fixture(autouse=True)
-def fresh_load():
-    cpu_small_sgemm.load.cache_clear()
-    cpu_small_sgemm._panel_columns.cache_clear()
-    yield
-    cpu_small_sgemm.load.cache_clear()
-    cpu_small_sgemm._panel_columns.cache_clear()
 
 
 def unfused(x: torch.Tensor, packed: torch.Tensor, num_inter: int) -> torch.Tensor:

@@ -12,14 +12,7 @@ import torch.nn.functional as F
 from pagedserve.kernels import cpu_build, cpu_small_sgemm
 from pagedserve.services.gpu_worker.platforms import cpu_prepack
 
-
-@pytest.fixture(autouse=True)
-def fresh_load():
-    cpu_small_sgemm.load.cache_clear()
-    cpu_small_sgemm._panel_columns.cache_clear()
-    yield
-    cpu_small_sgemm.load.cache_clear()
-    cpu_small_sgemm._panel_columns.cache_clear()
+pytestmark = pytest.mark.usefixtures("fresh_sgemm_load")  # tests/kernels/conftest.py
 
 
 requires_kernel = pytest.mark.skipif(

@@ -15,11 +15,16 @@ from pagedserve.services.gpu_worker.platforms.cpu import FUSED_STEP_TOKENS
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import SWITCH, CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
+from tests.unit.gpu_worker.fused_forward_checks import (
+    BLOCK_SIZE,
+    assert_greedy_unchanged,
+    run_steps,
+    two_steps,
+)
 
 pytestmark = pytest.mark.skipif(
     not cpu_small_gemm.cpu_has_avx512_bf16(), reason="built for CPUs with AVX512-BF16"
 )
-BLOCK_SIZE = 16
 
 
 @pytest.fixture(scope="module")
@@ -32,37 +37,13 @@ def engine() -> LLMEngine:
     )
 
 
-def run_steps(forward_pass, caches, steps):
-    """Each step's final hidden states, through the fused path or the modules."""
-    return [forward_pass(t, p, caches, metadata) for t, p, metadata in steps]
-
-
-def two_steps(vocab: int):
-    """Step 1: two prompts (20 and 9 tokens). Step 2: a 5-token chunk over the first's 20, a
-    decode of the second, and a third sequence's 4 rows (a token and 3 drafts) over 30
-    cached tokens it never had written (attention reads whatever the cache holds)."""
-    gen = torch.Generator().manual_seed(0)
-    tables, cpu = [[0, 1], [2], [3, 4, 5]], torch.device("cpu")
-    first = (
-        torch.randint(0, vocab, (29,), generator=gen),
-        torch.tensor([*range(20), *range(9)]),
-        build_attention_metadata([20, 9], [20, 9], tables[:2], BLOCK_SIZE, cpu),
-    )
-    second = (
-        torch.randint(0, vocab, (10,), generator=gen),
-        torch.tensor([*range(20, 25), 9, *range(30, 34)]),
-        build_attention_metadata([25, 10, 34], [5, 1, 4], tables, BLOCK_SIZE, cpu),
-    )
-    return [first, second]
-
-
 def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
     model = engine.runner.model
     fused = engine.runner.forward_pass
     assert isinstance(fused, CpuFusedForward)  # the CPU platform chose it for SmolLM2
     calls, real = [], fused.forward
     monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
-    steps = two_steps(model.config.vocab_size)
+    steps = two_steps(model.config.vocab_size, 20)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
     module_caches = [(k.clone(), v.clone()) for k, v in caches]
     with torch.inference_mode():
@@ -81,7 +62,7 @@ def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, mo
     where the CPU has no AMX: the `vdpbf16ps` product stands in for the AMX tiles' (their own
     tests check them against an exact product on AMX CPUs)."""
     model = engine.runner.model
-    steps = two_steps(model.config.vocab_size)
+    steps = two_steps(model.config.vocab_size, 20)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
     copies = [[(k.clone(), v.clone()) for k, v in caches] for _ in range(2)]
     with torch.inference_mode():
@@ -108,18 +89,7 @@ def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, mo
 
 
 def test_greedy_generation_is_unchanged(engine):
-    fused = engine.runner.forward_pass
-    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
-    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    with_fused = engine.generate(texts, greedy)
-    engine.reset_prefix_cache()
-    engine.runner.forward_pass = engine.runner.model
-    try:
-        without = engine.generate(texts, greedy)
-    finally:
-        engine.runner.forward_pass = fused
-    assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
-    assert "Paris" in with_fused[0].text
+    assert_greedy_unchanged(engine)
 
 
 def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):

@@ -15,12 +15,17 @@ from pagedserve.services.gpu_worker.platforms import cpu_prepack
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
+from tests.unit.gpu_worker.fused_forward_checks import (
+    BLOCK_SIZE,
+    assert_greedy_unchanged,
+    run_steps,
+    two_steps,
+)
 
 pytestmark = pytest.mark.skipif(
     str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"),
     reason="the float32 kernel is built for CPUs with AVX2",
 )
-BLOCK_SIZE = 16
 
 
 @pytest.fixture(scope="module")
@@ -43,37 +48,17 @@ def counting(monkeypatch, fused: CpuFusedForward) -> list[int]:
     return calls
 
 
-def short_steps(vocab: int):
-    """Step 1: two prompts (12 and 9 tokens). Step 2: a 5-token chunk over the first's 12
-    (across a block boundary), a decode of the second, and a third sequence's 4 rows (a token
-    and 3 drafts) over 30 cached tokens. Every chunk is short enough for the attention
-    kernel (16 new tokens in float32)."""
-    gen = torch.Generator().manual_seed(0)
-    tables, cpu = [[0, 1], [2], [3, 4, 5]], torch.device("cpu")
-    return [
-        (
-            torch.randint(0, vocab, (21,), generator=gen),
-            torch.tensor([*range(12), *range(9)]),
-            build_attention_metadata([12, 9], [12, 9], tables[:2], BLOCK_SIZE, cpu),
-        ),
-        (
-            torch.randint(0, vocab, (10,), generator=gen),
-            torch.tensor([*range(12, 17), 9, *range(30, 34)]),
-            build_attention_metadata([17, 10, 34], [5, 1, 4], tables, BLOCK_SIZE, cpu),
-        ),
-    ]
-
-
 def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatch):
     model, fused = engine.runner.model, engine.runner.forward_pass
     assert isinstance(fused, CpuFusedForward) and fused.dtype == torch.float32
     calls = counting(monkeypatch, fused)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
     module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    steps = short_steps(model.config.vocab_size)
+    # every chunk short enough for the attention kernel (16 new tokens in float32)
+    steps = two_steps(model.config.vocab_size, 12)
     with torch.inference_mode():
-        ours = [fused(t, p, caches, m) for t, p, m in steps]
-        theirs = [model(t, p, module_caches, m) for t, p, m in steps]
+        ours = run_steps(fused, caches, steps)
+        theirs = run_steps(model, module_caches, steps)
     assert calls == [1, 1]
     for a, b in zip(ours, theirs, strict=True):
         assert a.dtype == torch.float32 and torch.equal(a, b)
@@ -96,19 +81,20 @@ def test_a_step_with_a_chunk_past_the_attention_kernels_goes_through_the_modules
 
 
 def test_greedy_generation_is_unchanged(engine):
-    fused = engine.runner.forward_pass
-    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
-    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    engine.reset_prefix_cache()
-    with_fused = engine.generate(texts, greedy)
-    engine.reset_prefix_cache()
-    engine.runner.forward_pass = engine.runner.model
-    try:
-        without = engine.generate(texts, greedy)
-    finally:
-        engine.runner.forward_pass = fused
-    assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
-    assert "Paris" in with_fused[0].text
+    assert_greedy_unchanged(engine)
+
+
+def test_a_slot_past_the_cache_or_a_cache_of_another_dtype_is_an_error(engine):
+    forward, caches = engine.runner.forward_pass.forward, engine.runner.kv_caches
+    num_blocks = caches[0][0].shape[0]
+    cpu = torch.device("cpu")
+    past = build_attention_metadata([1], [1], [[num_blocks]], BLOCK_SIZE, cpu)
+    with torch.inference_mode(), pytest.raises(ValueError, match="past the caches"):
+        forward(torch.tensor([5]), torch.tensor([0]), caches, past)
+    bf16_caches = [(k.bfloat16(), v.bfloat16()) for k, v in caches]
+    inside = build_attention_metadata([1], [1], [[0]], BLOCK_SIZE, cpu)
+    with torch.inference_mode(), pytest.raises(ValueError, match=r"contiguous torch\.float32"):
+        forward(torch.tensor([5]), torch.tensor([0]), bf16_caches, inside)
 
 
 def test_the_default_budget_stays_the_cpus(engine):

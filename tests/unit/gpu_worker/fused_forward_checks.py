@@ -1,0 +1,55 @@
+"""What the CPU fused forward's tests check in bf16 and in float32 alike
+(`test_cpu_fused_forward.py`, `test_cpu_fused_forward_fp32.py`)."""
+
+from __future__ import annotations
+
+import torch
+
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.shared.protocol import SamplingParams
+
+BLOCK_SIZE = 16
+
+
+def run_steps(forward_pass, caches, steps):
+    """Each step's final hidden states, through the fused path or the modules."""
+    return [forward_pass(t, p, caches, metadata) for t, p, metadata in steps]
+
+
+def two_steps(vocab: int, first_prompt: int):
+    """Step 1: two prompts (`first_prompt` and 9 tokens). Step 2: a 5-token chunk over the
+    first's prompt, a decode of the second, and a third sequence's 4 rows (a token and 3
+    drafts) over 30 cached tokens it never had written (attention reads whatever the cache
+    holds)."""
+    gen = torch.Generator().manual_seed(0)
+    tables, cpu = [[0, 1], [2], [3, 4, 5]], torch.device("cpu")
+    n = first_prompt
+    first = (
+        torch.randint(0, vocab, (n + 9,), generator=gen),
+        torch.tensor([*range(n), *range(9)]),
+        build_attention_metadata([n, 9], [n, 9], tables[:2], BLOCK_SIZE, cpu),
+    )
+    second = (
+        torch.randint(0, vocab, (10,), generator=gen),
+        torch.tensor([*range(n, n + 5), 9, *range(30, 34)]),
+        build_attention_metadata([n + 5, 10, 34], [5, 1, 4], tables, BLOCK_SIZE, cpu),
+    )
+    return [first, second]
+
+
+def assert_greedy_unchanged(engine: LLMEngine) -> None:
+    """Three prompts' greedy tokens through the engine's fused pass and through its model."""
+    fused = engine.runner.forward_pass
+    texts = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    engine.reset_prefix_cache()
+    with_fused = engine.generate(texts, greedy)
+    engine.reset_prefix_cache()
+    engine.runner.forward_pass = engine.runner.model
+    try:
+        without = engine.generate(texts, greedy)
+    finally:
+        engine.runner.forward_pass = fused
+    assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
+    assert "Paris" in with_fused[0].text
