@@ -246,12 +246,12 @@ class EngineClient:
     async def _read_outputs(self) -> None:
         stream = self.keys.output(self.gateway_id)
         last_id = "0-0"  # entries left from a previous life of this id are read and dropped
+        consumed: list[bytes] = []  # read and dispatched, not yet deleted
         backoff = 0.1
         while True:
             try:
-                answer = await self.redis.xread(
-                    {stream: last_id}, count=READ_COUNT, block=READ_BLOCK_MS
-                )
+                answer = await self._read_after_deleting(stream, last_id, consumed)
+                consumed = []
                 backoff = 0.1
             except RedisError as exc:
                 logger.warning("output stream read failed (%s); retrying in %.1fs", exc, backoff)
@@ -262,8 +262,20 @@ class EngineClient:
                 for entry_id, fields in entries:
                     self._dispatch(fields.get(b"m"))
                     last_id = entry_id
-                with contextlib.suppress(RedisError):
-                    await self.redis.xdel(stream, *[entry_id for entry_id, _ in entries])
+                    consumed.append(entry_id)
+
+    async def _read_after_deleting(
+        self, stream: str, last_id: str | bytes, consumed: list[bytes]
+    ) -> list | None:
+        """The entries after `last_id` (blocking up to READ_BLOCK_MS), with those already
+        read deleted in the same round trip: one per step's outputs, not two."""
+        if not consumed:
+            return await self.redis.xread({stream: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xdel(stream, *consumed)
+            pipe.xread({stream: last_id}, count=READ_COUNT, block=READ_BLOCK_MS)
+            _, answer = await pipe.execute()
+        return answer
 
     def _dispatch(self, payload: bytes | None) -> None:
         try:

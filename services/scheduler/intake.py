@@ -53,9 +53,9 @@ class Intake:
             await asyncio.sleep(min(0.1, self._backoff.remaining_s))
             return
         try:
-            entries = await self._io.read_new(count, block_ms)
+            entries, aborts = await self._io.read_arrivals(count, block_ms)
             self.add_entries(entries)
-            for abort in await self._io.read_aborts():
+            for abort in aborts:
                 self.add_abort(abort)
         except RedisError as exc:
             if isinstance(exc, ResponseError) and "NOGROUP" in str(exc):

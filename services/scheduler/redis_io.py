@@ -51,6 +51,7 @@ from pagedserve.shared.status import (
 logger = logging.getLogger(__name__)
 
 OUTPUT_STREAM_MAXLEN = 100_000  # a dead gateway's stream stops growing here (approximately)
+ABORT_READ_COUNT = 512  # aborts read at most per read
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +242,28 @@ class RedisIO:
         )  # fmt: skip
         return _entries(answer)  # up to `count` per stream: never cut, each is delivered
 
-    async def read_aborts(self, count: int = 512) -> list[AbortRequest]:
-        answer = await self.redis.xread({self.keys.aborts: self._abort_cursor}, count=count)
+    async def read_aborts(self, count: int = ABORT_READ_COUNT) -> list[AbortRequest]:
+        return self._aborts(
+            await self.redis.xread({self.keys.aborts: self._abort_cursor}, count=count)
+        )
+
+    async def read_arrivals(
+        self, count: int, block_ms: int | None
+    ) -> tuple[list[StreamEntry], list[AbortRequest]]:
+        """`read_new` and then `read_aborts`. Without blocking, in one round trip: the
+        scheduler reads between two steps, while the workers wait for the next plan."""
+        if block_ms is not None or count <= 0:
+            return await self.read_new(count, block_ms), await self.read_aborts()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xreadgroup(
+                ENGINE_GROUP, self.engine_id, dict.fromkeys(self.streams, ">"), count=count
+            )
+            pipe.xread({self.keys.aborts: self._abort_cursor}, count=ABORT_READ_COUNT)
+            new, aborts = await pipe.execute()
+        return _entries(new), self._aborts(aborts)
+
+    def _aborts(self, answer: list | None) -> list[AbortRequest]:
+        """The aborts of an XREAD of the abort stream; the cursor moves past them."""
         aborts = []
         for _, entries in answer or []:
             for entry_id, fields in entries:

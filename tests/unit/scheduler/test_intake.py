@@ -12,20 +12,19 @@ from pagedserve.shared.protocol import AbortRequest
 
 
 class BlockingIO:
-    """Stands in for RedisIO: read_new waits until released, then returns its entries."""
+    """Stands in for RedisIO: read_arrivals waits until released, then returns its entries."""
 
     def __init__(self, entries: list[str]) -> None:
         self.entries = entries
         self.release = asyncio.Event()
         self.reading = asyncio.Event()
 
-    async def read_new(self, count: int, block_ms: int | None) -> list[str]:
+    async def read_arrivals(
+        self, count: int, block_ms: int | None
+    ) -> tuple[list[str], list[AbortRequest]]:
         self.reading.set()
         await self.release.wait()
-        return self.entries
-
-    async def read_aborts(self) -> list[AbortRequest]:
-        return [AbortRequest(["x"], "test")]
+        return self.entries, [AbortRequest(["x"], "test")]
 
 
 def test_entries_added_while_a_read_is_pending_are_kept() -> None:
