@@ -22,9 +22,7 @@ def call_packed_product(
 ) -> torch.Tensor:  # [..., N]
     """x W^T (+ b): rows of x in place (contiguous along K), the bias in `dtype`."""
     num_in = x.shape[-1]
-    rows = x.reshape(-1, num_in)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     out = torch.empty(rows.shape[0], num_out, dtype=dtype)
     if bias is not None:
         bias = bias.detach().to(dtype).contiguous()
@@ -44,12 +42,16 @@ def call_packed_swiglu(
 ) -> torch.Tensor:  # [..., num_inter]
     """silu(x Wg^T) * (x Wu^T): rows of x in place (contiguous along K)."""
     num_in = x.shape[-1]
-    rows = x.reshape(-1, num_in)
-    if rows.stride(-1) != 1:
-        rows = rows.contiguous()
+    rows = _rows(x)
     out = torch.empty(rows.shape[0], num_inter, dtype=dtype)
     swiglu(
         rows.data_ptr(), rows.shape[0], num_in, rows.stride(0), packed.data_ptr(), num_inter,
         out.data_ptr(), num_inter,
     )  # fmt: skip
     return out.view(*x.shape[:-1], num_inter)
+
+
+def _rows(x: torch.Tensor) -> torch.Tensor:
+    """x as [M, K] rows contiguous along K (a view where it already is)."""
+    rows = x.reshape(-1, x.shape[-1])
+    return rows if rows.stride(-1) == 1 else rows.contiguous()

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
@@ -236,16 +237,11 @@ class RedisIO:
         """New entries of the shared stream and of this engine's routed stream."""
         if count <= 0:
             return []
-        answer = await self.redis.xreadgroup(
-            ENGINE_GROUP, self.engine_id, dict.fromkeys(self.streams, ">"), count=count,
-            block=block_ms,
-        )  # fmt: skip
-        return _entries(answer)  # up to `count` per stream: never cut, each is delivered
+        # up to `count` per stream: never cut, each is delivered
+        return _entries(await self._read_new_command(self.redis, count, block_ms))
 
-    async def read_aborts(self, count: int = ABORT_READ_COUNT) -> list[AbortRequest]:
-        return self._aborts(
-            await self.redis.xread({self.keys.aborts: self._abort_cursor}, count=count)
-        )
+    async def read_aborts(self) -> list[AbortRequest]:
+        return self._aborts(await self._read_aborts_command(self.redis))
 
     async def read_arrivals(
         self, count: int, block_ms: int | None
@@ -255,12 +251,21 @@ class RedisIO:
         if block_ms is not None or count <= 0:
             return await self.read_new(count, block_ms), await self.read_aborts()
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xreadgroup(
-                ENGINE_GROUP, self.engine_id, dict.fromkeys(self.streams, ">"), count=count
-            )
-            pipe.xread({self.keys.aborts: self._abort_cursor}, count=ABORT_READ_COUNT)
+            self._read_new_command(pipe, count, None)
+            self._read_aborts_command(pipe)
             new, aborts = await pipe.execute()
         return _entries(new), self._aborts(aborts)
+
+    def _read_new_command(self, commands: Any, count: int, block_ms: int | None) -> Any:
+        """XREADGROUP of the new entries, on the client (awaitable) or queued on a pipeline."""
+        streams = dict.fromkeys(self.streams, ">")
+        return commands.xreadgroup(
+            ENGINE_GROUP, self.engine_id, streams, count=count, block=block_ms
+        )
+
+    def _read_aborts_command(self, commands: Any) -> Any:
+        """XREAD of the aborts after the cursor, on the client or queued on a pipeline."""
+        return commands.xread({self.keys.aborts: self._abort_cursor}, count=ABORT_READ_COUNT)
 
     def _aborts(self, answer: list | None) -> list[AbortRequest]:
         """The aborts of an XREAD of the abort stream; the cursor moves past them."""

@@ -22,6 +22,14 @@ def request(i: int) -> GenerateRequest:
     return GenerateRequest(f"r-{i}", [1, 2, 3], SamplingParams(max_tokens=2), "gw")
 
 
+async def fresh_io(client: aioredis.Redis, engine_id: str) -> RedisIO:
+    """An engine's RedisIO over empty request and abort streams."""
+    await client.delete(KEYS.requests, KEYS.aborts)
+    io = RedisIO(client, KEYS, engine_id)
+    await io.setup()
+    return io
+
+
 async def queue(client: aioredis.Redis, requests: int, aborts: list[str]) -> None:
     for i in range(requests):
         await client.xadd(KEYS.requests, {"m": encode(request(i))})
@@ -32,9 +40,7 @@ async def queue(client: aioredis.Redis, requests: int, aborts: list[str]) -> Non
 def test_requests_and_aborts_are_read_together_and_once(redis_url: str) -> None:
     async def scenario() -> None:
         client = aioredis.Redis.from_url(redis_url)
-        await client.delete(KEYS.requests, KEYS.aborts)
-        io = RedisIO(client, KEYS, "engine-a")
-        await io.setup()
+        io = await fresh_io(client, "engine-a")
         await queue(client, 3, ["r-0", "r-1"])
 
         entries, aborts = await io.read_arrivals(count=10, block_ms=None)
@@ -53,9 +59,7 @@ def test_requests_and_aborts_are_read_together_and_once(redis_url: str) -> None:
 def test_no_room_reads_aborts_only_and_leaves_the_requests(redis_url: str) -> None:
     async def scenario() -> None:
         client = aioredis.Redis.from_url(redis_url)
-        await client.delete(KEYS.requests, KEYS.aborts)
-        io = RedisIO(client, KEYS, "engine-b")
-        await io.setup()
+        io = await fresh_io(client, "engine-b")
         await queue(client, 2, ["r-9"])
 
         entries, aborts = await io.read_arrivals(count=0, block_ms=None)
