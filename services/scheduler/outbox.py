@@ -22,7 +22,6 @@ from redis.exceptions import RedisError
 from pagedserve.services.scheduler.backoff import RedisBackoff
 from pagedserve.services.scheduler.redis_io import RedisIO, StepWrites
 from pagedserve.shared.protocol import TokenDelta
-from pagedserve.shared.status import EngineStatus
 
 # A gateway reads its output stream continuously: an entry it has not read this long after it
 # was written belongs to a gateway that is gone (its requests get aborted anyway).
@@ -49,8 +48,8 @@ class Outbox:
     def set_status(self, request_id: str, **fields: object) -> None:
         self._pending.set_status(request_id, **fields)
 
-    def set_engine_status(self, status: EngineStatus) -> None:
-        self._pending.engine_status = status
+    def set_engine_gauges(self, fields: dict[str, str]) -> None:
+        self._pending.engine_gauges = fields
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -85,7 +84,7 @@ class Outbox:
             outputs.setdefault(gateway_id, []).extend(deltas)
         for gateway_id, deltas in writes.outputs.items():
             outputs.setdefault(gateway_id, []).extend(deltas)
-        return StepWrites(outputs, writes.acked, writes.statuses, writes.engine_status)
+        return StepWrites(outputs, writes.acked, writes.statuses, writes.engine_gauges)
 
     def _remember(self, writes: StepWrites) -> None:
         now = time.monotonic()
@@ -103,5 +102,5 @@ class Outbox:
             failed.acked.setdefault(stream, []).extend(entry_ids)
         for request_id, fields in newer.statuses.items():
             failed.set_status(request_id, **fields)
-        if newer.engine_status is not None:
-            failed.engine_status = newer.engine_status
+        if newer.engine_gauges is not None:
+            failed.engine_gauges = newer.engine_gauges

@@ -73,14 +73,16 @@ class StepWrites:
     outputs: dict[str, list[TokenDelta]]  # gateway id -> deltas
     acked: dict[str, list[str]]  # request stream -> entry ids finished
     statuses: dict[str, dict[str, str]]  # request id -> hash fields to set
-    engine_status: EngineStatus | None = None  # the engine's, when it changed this step
+    # the engine status fields that moved this step (its gauges); the whole record is written
+    # on its own every STATUS_INTERVAL_S
+    engine_gauges: dict[str, str] | None = None
 
     @classmethod
     def empty(cls) -> StepWrites:
         return cls({}, {}, {})
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.acked or self.statuses or self.engine_status is not None)
+        return bool(self.outputs or self.acked or self.statuses or self.engine_gauges is not None)
 
     def set_status(self, request_id: str, **fields: object) -> None:
         self.statuses.setdefault(request_id, {}).update({k: str(v) for k, v in fields.items()})
@@ -309,8 +311,8 @@ class RedisIO:
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
                 pipe.expire(key, REQUEST_STATUS_TTL_S)
-            if writes.engine_status is not None:
-                self._queue_engine_status(pipe, writes.engine_status)
+            if writes.engine_gauges is not None:
+                self._queue_engine_fields(pipe, writes.engine_gauges)
             try:
                 await pipe.execute()
             except ResponseError as exc:
@@ -335,11 +337,11 @@ class RedisIO:
 
     async def write_engine_status(self, status: EngineStatus) -> None:
         async with self.redis.pipeline(transaction=True) as pipe:
-            self._queue_engine_status(pipe, status)
+            self._queue_engine_fields(pipe, to_fields(status))
             await pipe.execute()
 
-    def _queue_engine_status(self, pipe: aioredis.client.Pipeline, status: EngineStatus) -> None:
+    def _queue_engine_fields(self, pipe: aioredis.client.Pipeline, fields: dict[str, str]) -> None:
         key = self.keys.engine(self.engine_id)
-        pipe.hset(key, mapping=to_fields(status))
+        pipe.hset(key, mapping=fields)
         pipe.expire(key, ENGINE_STATUS_TTL_S)
         pipe.sadd(self.keys.engines, self.engine_id)

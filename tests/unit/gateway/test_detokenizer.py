@@ -1,6 +1,12 @@
 from __future__ import annotations
 
-from pagedserve.services.gateway.detokenizer import REPLACEMENT_CHAR, IncrementalDetokenizer
+import copy
+
+from pagedserve.services.gateway.detokenizer import (
+    REPLACEMENT_CHAR,
+    IncrementalDetokenizer,
+    direct_decode,
+)
 
 TEXTS = [
     "Hello, world!",
@@ -64,3 +70,23 @@ def test_a_run_of_special_tokens_keeps_the_window_short(info):
     assert detok.read_offset - detok.prefix_offset <= 1
     assert detok.add(info.tokenizer.encode(" c", add_special_tokens=False)) == " c"
     assert detok.finish() == "" and detok.emitted_text == "a b c"
+
+
+def test_the_rust_decode_is_called_directly_only_where_it_says_the_same(info):
+    tok = info.tokenizer
+    direct = direct_decode(tok)
+    assert direct == tok.backend_tokenizer.decode  # SmolLM2's: the stock fast tokenizer
+    ids = tok.encode(TEXTS[1] + "<|im_end|> and on", add_special_tokens=False)
+    for skip in (True, False):
+        assert direct(ids, skip_special_tokens=skip) == tok.decode(ids, skip_special_tokens=skip)
+    cleaning = copy.copy(tok)
+    cleaning.clean_up_tokenization_spaces = True  # Python post-processing: through decode
+    assert direct_decode(cleaning) == cleaning.decode
+
+    class Custom(type(tok)):
+        def _decode(self, *args, **kwargs):
+            return "custom"
+
+    custom = copy.copy(tok)
+    custom.__class__ = Custom  # a tokenizer class with a decode of its own: through it
+    assert direct_decode(custom)(ids) == "custom"
