@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from pagedserve.services.gpu_worker.cpu_threads import ThreadGovernor
 from pagedserve.services.gpu_worker.default_model import ensure_model
 from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.scheduler.engine_shape import EngineShape
@@ -81,6 +82,10 @@ class LLMEngine:
             max_num_batched_tokens=scheduler_config.max_num_batched_tokens,
             show_progress=show_progress,
         )
+        # the CPU thread count chosen at start (from the load average then) is re-chosen while
+        # it steps, as the worker's is: a run started just after other work would otherwise
+        # keep one thread on an idle machine for good
+        self.thread_governor = ThreadGovernor.for_worker(self.runner.device, world_size=1)
         self.shape = EngineShape.derive([self._hello()], scheduler_config, cache_config)
         self.scheduler = Scheduler(
             self.shape.scheduler_config(scheduler_config),
@@ -138,6 +143,8 @@ class LLMEngine:
 
     def step(self) -> list[TokenDelta]:
         """One scheduling step and its forward; the deltas it produced."""
+        if self.thread_governor is not None:
+            self.thread_governor.poll()
         plan = self.scheduler.schedule()
         self._last_plan_ran = not plan.is_empty
         if plan.is_empty:

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker import cpu_threads
 from pagedserve.services.scheduler.errors import RequestRejectedError
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import GenerateRequest, SamplingParams, StepPlan
@@ -288,3 +291,29 @@ def test_speculative_decoding_saves_steps_where_text_repeats(min_tokens):
     drafted_steps = engine.scheduler.stats().num_steps - plain_steps
     assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
     assert drafted_steps < plain_steps * 0.7, (drafted_steps, plain_steps)
+
+
+def test_the_thread_count_chosen_at_start_is_chosen_again_while_it_steps(
+    tiny_llama_dir, monkeypatch
+):
+    """Started where the load average said every core was busy (one thread), the engine takes
+    the cores back once its governor sees them idle, as the worker does; a fixed count
+    (PAGEDSERVE_NUM_THREADS) is left alone."""
+    cores = cpu_threads.usable_cores()
+    if cores < 2:
+        pytest.skip("one usable core: there is no count to raise")
+    before = torch.get_num_threads()
+    monkeypatch.delenv("PAGEDSERVE_NUM_THREADS", raising=False)
+    monkeypatch.setattr(os, "getloadavg", lambda: (float(cores), 0.0, 0.0))
+    try:
+        engine = make_engine(tiny_llama_dir)
+        assert torch.get_num_threads() == 1 and engine.thread_governor is not None
+        monkeypatch.setattr(cpu_threads, "other_cores_used", lambda before, after: 0.0)
+        engine.thread_governor.interval_s = 0.0  # decide at the next step
+        engine.generate(random_prompts((9,)), GREEDY)
+        assert torch.get_num_threads() == cores
+
+        monkeypatch.setenv("PAGEDSERVE_NUM_THREADS", "1")
+        assert make_engine(tiny_llama_dir).thread_governor is None
+    finally:
+        torch.set_num_threads(before)
