@@ -90,6 +90,12 @@ class StepWrites:
     def ack(self, stream: str, entry_id: str) -> None:
         self.acked.setdefault(stream, []).append(entry_id)
 
+    @property
+    def num_commands(self) -> int:
+        """The Redis commands `RedisIO.write_step` sends for these writes."""
+        gauges = 3 if self.engine_gauges is not None else 0  # HSET, EXPIRE, SADD
+        return len(self.outputs) + 2 * len(self.acked) + 2 * len(self.statuses) + gauges
+
 
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
@@ -296,7 +302,8 @@ class RedisIO:
     # -- writing ---------------------------------------------------------------------------------
 
     async def write_step(self, writes: StepWrites) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
+        # one command (most steps: their outputs' XADD) is atomic alone; MULTI/EXEC is for more
+        async with self.redis.pipeline(transaction=writes.num_commands > 1) as pipe:
             for gateway_id, deltas in writes.outputs.items():
                 pipe.xadd(
                     self.keys.output(gateway_id),
