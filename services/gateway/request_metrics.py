@@ -43,9 +43,7 @@ class RequestMetrics:
     def __init__(self, registry: CollectorRegistry, model_name: str, max_model_len: int) -> None:
         self.model_name = model_name
         self._engines: set[str] = set()
-        # each engine's series of the two per-token histograms, looked up once (`labels` costs
-        # more than the observation, on a path taken for every streamed token)
-        self._token_series: dict[str, tuple[Any, Any]] = {}
+        self._token_series: dict[str, tuple[Any, Any]] = {}  # `_series`: labels() once
         self._counters(registry)
         tokens = request_tokens_buckets(max_model_len)
         latency = REQUEST_LATENCY_BUCKETS
@@ -153,7 +151,8 @@ class RequestMetrics:
         return self.model_name, engine
 
     def _series(self, engine: str) -> tuple[Any, Any]:
-        """The engine's (time to first token, inter-token latency) series."""
+        """The engine's (time to first token, inter-token latency) series, looked up once:
+        `labels` costs more than the observation, on a path taken for every streamed token."""
         series = self._token_series.get(engine)
         if series is None:
             values = self._values(engine)

@@ -48,8 +48,8 @@ class Outbox:
     def set_status(self, request_id: str, **fields: object) -> None:
         self._pending.set_status(request_id, **fields)
 
-    def set_engine_gauges(self, fields: dict[str, str]) -> None:
-        self._pending.engine_gauges = fields
+    def set_engine_fields(self, fields: dict[str, str]) -> None:
+        self._pending.engine_fields = fields
 
     def __bool__(self) -> bool:
         return bool(self._pending)
@@ -84,7 +84,7 @@ class Outbox:
             outputs.setdefault(gateway_id, []).extend(deltas)
         for gateway_id, deltas in writes.outputs.items():
             outputs.setdefault(gateway_id, []).extend(deltas)
-        return StepWrites(outputs, writes.acked, writes.statuses, writes.engine_gauges)
+        return StepWrites(outputs, writes.acked, writes.statuses, writes.engine_fields)
 
     def _remember(self, writes: StepWrites) -> None:
         now = time.monotonic()
@@ -102,5 +102,5 @@ class Outbox:
             failed.acked.setdefault(stream, []).extend(entry_ids)
         for request_id, fields in newer.statuses.items():
             failed.set_status(request_id, **fields)
-        if newer.engine_gauges is not None:
-            failed.engine_gauges = newer.engine_gauges
+        if newer.engine_fields is not None:
+            failed.engine_fields = newer.engine_fields

@@ -73,16 +73,17 @@ class StepWrites:
     outputs: dict[str, list[TokenDelta]]  # gateway id -> deltas
     acked: dict[str, list[str]]  # request stream -> entry ids finished
     statuses: dict[str, dict[str, str]]  # request id -> hash fields to set
-    # the engine status fields that moved this step (its gauges); the whole record is written
-    # on its own every STATUS_INTERVAL_S
-    engine_gauges: dict[str, str] | None = None
+    # engine status fields written with the step (its gauges, or the whole record when the
+    # engine has emptied: `StatusReporter.after_step`); the whole record also goes every
+    # STATUS_INTERVAL_S on its own
+    engine_fields: dict[str, str] | None = None
 
     @classmethod
     def empty(cls) -> StepWrites:
         return cls({}, {}, {})
 
     def __bool__(self) -> bool:
-        return bool(self.outputs or self.acked or self.statuses or self.engine_gauges is not None)
+        return bool(self.outputs or self.acked or self.statuses or self.engine_fields is not None)
 
     def set_status(self, request_id: str, **fields: object) -> None:
         self.statuses.setdefault(request_id, {}).update({k: str(v) for k, v in fields.items()})
@@ -93,8 +94,8 @@ class StepWrites:
     @property
     def num_commands(self) -> int:
         """The Redis commands `RedisIO.write_step` sends for these writes."""
-        gauges = 3 if self.engine_gauges is not None else 0  # HSET, EXPIRE, SADD
-        return len(self.outputs) + 2 * len(self.acked) + 2 * len(self.statuses) + gauges
+        engine = 3 if self.engine_fields is not None else 0  # HSET, EXPIRE, SADD
+        return len(self.outputs) + 2 * len(self.acked) + 2 * len(self.statuses) + engine
 
 
 def _text(value: bytes | str) -> str:
@@ -318,8 +319,8 @@ class RedisIO:
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
                 pipe.expire(key, REQUEST_STATUS_TTL_S)
-            if writes.engine_gauges is not None:
-                self._queue_engine_fields(pipe, writes.engine_gauges)
+            if writes.engine_fields is not None:
+                self._queue_engine_fields(pipe, writes.engine_fields)
             try:
                 await pipe.execute()
             except ResponseError as exc:

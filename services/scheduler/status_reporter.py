@@ -36,7 +36,7 @@ logger = logging.getLogger(__name__)
 
 STATUS_INTERVAL_S = 1.0
 # the gauges go with a step's writes at most this often (the gateways read the records every
-# 0.25 s), and at once when the engine has emptied
+# 0.25 s), and the whole record at once when the engine has emptied
 GAUGE_INTERVAL_S = 0.1
 INTEGRITY_CHECK_INTERVAL_S = 5.0
 THROUGHPUT_LOG_INTERVAL_S = 10.0
@@ -83,6 +83,7 @@ class StatusReporter:
         self._stopping = stopping
         self._last_gauges: tuple[int, int, int] | None = None
         self._gauges_written_at = -GAUGE_INTERVAL_S  # monotonic
+        self._was_empty = False  # at the last after_step (False at start: the first writes all)
         self._last_integrity_check = 0.0  # monotonic
         self.integrity_error: str | None = None  # the last failed idle check
         self.integrity_checked_at = 0.0  # unix seconds
@@ -112,19 +113,24 @@ class StatusReporter:
 
     def after_step(self, outbox: Outbox) -> None:
         """Queue the engine gauges with the step's writes if they moved and the last ones went
-        out `GAUGE_INTERVAL_S` ago, or the engine has emptied: a few hash fields, not the whole
-        record (its counters and histograms follow every STATUS_INTERVAL_S). A move held back
-        goes out with a later step, or from the idle loop, which calls this too."""
+        out `GAUGE_INTERVAL_S` ago: a few hash fields, not the whole record (its counters and
+        histograms follow every STATUS_INTERVAL_S). The step that empties the engine writes
+        the whole record at once, so that it counts every request whose last delta the
+        gateways read. A move held back goes out with a later step, or from the idle loop,
+        which calls this too."""
         stats = self._scheduler.stats()
         gauges = (stats.num_running, stats.num_waiting, stats.num_free_blocks)
-        if gauges == self._last_gauges:
-            return
+        empty = stats.num_running == 0 and stats.num_waiting == 0
+        just_emptied, self._was_empty = empty and not self._was_empty, empty
         now = time.monotonic()
-        emptied = stats.num_running == 0 and stats.num_waiting == 0
-        if not emptied and now - self._gauges_written_at < GAUGE_INTERVAL_S:
+        if just_emptied:
+            fields = to_fields(self.status())
+        elif gauges == self._last_gauges or now - self._gauges_written_at < GAUGE_INTERVAL_S:
             return
+        else:
+            fields = self.gauge_fields(stats)
         self._last_gauges, self._gauges_written_at = gauges, now
-        outbox.set_engine_gauges(self.gauge_fields(stats))
+        outbox.set_engine_fields(fields)
 
     def gauge_fields(self, stats: SchedulerStats) -> dict[str, str]:
         """The record's gauges, with what a record needs to read alone (its engine, time and

@@ -1,7 +1,8 @@
 """The engine gauges a step writes, against a real Redis: only the gauge fields (the whole
 status record is the periodic writer's), nothing when they did not move or moved again within
-`GAUGE_INTERVAL_S` (but at once when the engine empties), a record that still reads when the
-step's write is all there is of it; and a step of one command sent without MULTI/EXEC."""
+`GAUGE_INTERVAL_S`, but the whole record at once when the engine empties; a record that still
+reads when the step's write is all there is of it; and a step of one command sent without
+MULTI/EXEC."""
 
 from __future__ import annotations
 
@@ -52,14 +53,13 @@ async def scenario(redis_url: str) -> None:
     await client.delete(key)
     scheduler, io, outbox, reporter = parts(client)
 
-    # the periodic writer's whole record, then a field the step must leave alone
+    # the periodic writer's whole record; then a field a busy step must leave alone
     await io.write_engine_status(reporter.status(workers_alive=True))
     whole = await client.hgetall(key)
     assert len(whole) > 2 * len(GAUGE_FIELDS)
-    await client.hset(key, "num_steps", "41")
-
-    reporter.after_step(outbox)  # the first step after start: the gauges are new
+    reporter.after_step(outbox)  # the first step after start: empty, the whole record again
     await outbox.flush()
+    await client.hset(key, "num_steps", "41")
     admit(scheduler, "r-0")
     before = await client.hgetall(key)
     reporter.after_step(outbox)
@@ -101,12 +101,13 @@ async def interval_scenario(redis_url: str) -> None:
     admit(scheduler, "r-1")
     reporter.after_step(outbox)
     assert not outbox, "moved again within the interval: held back"
-    scheduler.abort_requests(["r-0", "r-1"], "abort")  # emptied: that goes out at once
+    scheduler.abort_requests(["r-0", "r-1"], "abort")  # emptied: the whole record at once
     reporter.after_step(outbox)
     assert outbox
     await outbox.flush()
     status = from_fields(EngineStatus, await client.hgetall(KEYS.engine(ENGINE)))
     assert (status.num_running, status.num_waiting) == (0, 0)
+    assert status.num_finished == 2  # the counters too, not just the gauges
     await client.aclose()
 
 
