@@ -2,13 +2,11 @@
 idle integrity check.
 
 The record is written every `STATUS_INTERVAL_S` (that keeps it from expiring, which is how
-other engines and the gateways tell a live engine), and also with the writes of every step
-that changed what the gateways show as engine gauges (running, waiting, KV blocks), those
-fields alone and at most every `GAUGE_INTERVAL_S` (at once when the engine empties): the
-gateways read the records every 0.25 s, so `/metrics` loses nothing, and most steps write one
-XADD with no MULTI/EXEC around it. (The whole record, ~50 fields, with every step that moved a
-gauge, was a fifth of the scheduler's Python on a 2-core box where that CPU comes out of the
-model's.)
+other engines and the gateways tell a live engine). A step that changed what the gateways show
+as engine gauges (running, waiting, KV blocks) also writes those fields alone, at most every
+`GAUGE_INTERVAL_S`, and the step that empties the engine writes the whole record: the gateways
+read the records every 0.25 s, so `/metrics` loses nothing, and most steps write one XADD with
+no MULTI/EXEC around it (until 2026-12-05 every such step rewrote all ~50 fields).
 """
 
 from __future__ import annotations
