@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import operator
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -412,6 +413,11 @@ _TAG_OF: dict[type, int] = {cls: tag for tag, cls in enumerate(_MESSAGE_TYPES, s
 _FIELD_NAMES: dict[type, tuple[str, ...]] = {
     cls: tuple(f.name for f in dataclasses.fields(cls)) for cls in _MESSAGE_TYPES
 }
+# A message's field values in order, read in C (`attrgetter` of one name returns no tuple).
+_VALUES_OF: dict[type, Any] = {
+    cls: operator.attrgetter(*names) if len(names) > 1 else (lambda o, n=names[0]: (getattr(o, n),))
+    for cls, names in _FIELD_NAMES.items()
+}
 # Fields whose msgpack form (a list) must be turned back into a tuple.
 _TUPLE_FIELDS = {SamplingParams: ("stop_token_ids", "eos_token_ids")}
 
@@ -421,7 +427,7 @@ def _default(obj: Any) -> msgpack.ExtType:
     tag = _TAG_OF.get(cls)
     if tag is None:
         raise ProtocolError(f"cannot encode {cls.__name__}: not a protocol message")
-    values = [getattr(obj, name) for name in _FIELD_NAMES[cls]]
+    values = _VALUES_OF[cls](obj)
     return msgpack.ExtType(tag, msgpack.packb(values, default=_default, use_bin_type=True))
 
 
@@ -433,6 +439,8 @@ def _ext_hook(tag: int, data: bytes) -> Any:
     names = _FIELD_NAMES[cls]
     if not isinstance(values, list) or len(values) != len(names):
         raise ProtocolError(f"{cls.__name__} needs {len(names)} fields")
+    if cls is not SamplingParams:  # the only one with fields to turn back into tuples
+        return cls(*values)  # every field is an init field, in order
     kwargs = dict(zip(names, values, strict=True))
     for name in _TUPLE_FIELDS.get(cls, ()):
         kwargs[name] = tuple(kwargs[name])
