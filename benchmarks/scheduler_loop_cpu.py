@@ -28,13 +28,13 @@ from typing import Any
 
 from benchmarks.machine_info import machine_info
 from pagedserve.services.cli.loadgen.runner import write_json
+from pagedserve.services.cli.ports import free_port
 from pagedserve.services.cli.redis_launcher import RedisServer
 from pagedserve.services.scheduler.ledger import Ledger
 from pagedserve.services.scheduler.scheduler import Scheduler
 from pagedserve.services.scheduler.status_reporter import StatusReporter
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.shared import transport
-from tests.integration.conftest import free_port
 from tests.integration.pipeline.test_engine_loop import Client, EngineHarness, FakeModel
 
 PROMPT_LEN = 60

@@ -321,6 +321,7 @@ class RedisIO:
                 pipe.expire(key, REQUEST_STATUS_TTL_S)
             if writes.engine_fields is not None:
                 self._queue_engine_fields(pipe, writes.engine_fields)
+            assert len(pipe) == writes.num_commands, "num_commands must count what is queued"
             try:
                 await pipe.execute()
             except ResponseError as exc:
