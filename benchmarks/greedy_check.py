@@ -11,32 +11,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
 from pagedserve.services.cli.loadgen.latency_stats import RequestRecord
 from pagedserve.services.cli.loadgen.sse_client import (
     EndpointConfig,
-    StreamError,
     apply_event,
     chunk_text,
+    open_stream,
     parse_sse_line,
-    sse_lines,
 )
 from pagedserve.services.cli.loadgen.workload import BenchRequest
 
 
-async def stream_text(
-    client: httpx.AsyncClient, endpoint: EndpointConfig, request: BenchRequest
-) -> str:
+async def stream_text(endpoint: EndpointConfig, request: BenchRequest) -> str:
     """The whole text one streamed completion generates; raises StreamError on failure."""
     record = RequestRecord(request.prompt_len, request.output_len)
     parts: list[str] = []
-    body = endpoint.body(request)
-    async with client.stream("POST", endpoint.url, json=body, headers=endpoint.headers) as resp:
-        if resp.status_code != 200:
-            detail = (await resp.aread()).decode(errors="replace")[:300]
-            raise StreamError(f"HTTP {resp.status_code}: {detail}")
-        async for line in sse_lines(resp.aiter_bytes()):
+    async with asyncio.timeout(600.0), open_stream(endpoint, request) as lines:
+        async for line in lines:
             event = parse_sse_line(line)
             if isinstance(event, dict):
                 parts.append(chunk_text(event))
@@ -46,8 +37,7 @@ async def stream_text(
 
 
 async def _all_texts(endpoint: EndpointConfig, requests: Sequence[BenchRequest]) -> list[str]:
-    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0, connect=30.0)) as client:
-        return list(await asyncio.gather(*(stream_text(client, endpoint, r) for r in requests)))
+    return list(await asyncio.gather(*(stream_text(endpoint, r) for r in requests)))
 
 
 def greedy_texts(endpoint: EndpointConfig, requests: Sequence[BenchRequest]) -> list[str]:

@@ -64,19 +64,19 @@ class LoadConfig:
 
 
 async def _send_at(
-    client: httpx.AsyncClient,
     endpoint: EndpointConfig,
     request: BenchRequest,
     send_time: float,
     gate: asyncio.Semaphore | None,
+    timeout_s: float,
 ) -> RequestRecord:
     delay = send_time - time.perf_counter()
     if delay > 0:
         await asyncio.sleep(delay)
     if gate is None:
-        return await send_request(client, endpoint, request)
+        return await send_request(endpoint, request, timeout_s)
     async with gate:
-        return await send_request(client, endpoint, request)
+        return await send_request(endpoint, request, timeout_s)
 
 
 async def run_load(
@@ -86,22 +86,19 @@ async def run_load(
     sampler: StatusSampler | None = None,
 ) -> dict[str, Any]:
     """Send every request; the run's summary, its per-request records and status samples."""
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    timeout = httpx.Timeout(load.timeout_s, connect=30.0)
     gate = asyncio.Semaphore(load.max_concurrency) if load.max_concurrency else None
     offsets = poisson_arrival_times(len(requests), load.request_rate, load.seed)
-    async with httpx.AsyncClient(limits=limits, timeout=timeout) as client:
-        start = time.perf_counter()
-        if sampler is not None:
-            sampler.samples.clear()
-            sampler.start(start)
-        tasks = [
-            _send_at(client, endpoint, request, start + offset, gate)
-            for request, offset in zip(requests, offsets, strict=True)
-        ]
-        records = await asyncio.gather(*tasks)
-        duration = time.perf_counter() - start
-        samples = await sampler.stop() if sampler is not None else []
+    start = time.perf_counter()
+    if sampler is not None:
+        sampler.samples.clear()
+        sampler.start(start)
+    tasks = [
+        _send_at(endpoint, request, start + offset, gate, load.timeout_s)
+        for request, offset in zip(requests, offsets, strict=True)
+    ]
+    records = await asyncio.gather(*tasks)
+    duration = time.perf_counter() - start
+    samples = await sampler.stop() if sampler is not None else []
     summary = summarize(records, duration)
     summary["max_concurrency"] = load.max_concurrency
     summary["request_rate"] = load.request_rate if math.isfinite(load.request_rate) else "inf"

@@ -2,20 +2,23 @@
 
 It speaks to any OpenAI-compatible server (ours, vLLM, TGI, ...): `/v1/completions` or
 `/v1/chat/completions` with `stream: true` and `stream_options.include_usage`, plus vLLM's
-`ignore_eos` extension so that outputs have exactly `max_tokens` tokens.
+`ignore_eos` extension so that outputs have exactly `max_tokens` tokens. Its transport is
+`http_stream`: a light reader on asyncio's own streams, since the client shares the box with
+the server it measures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import time
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import httpx
-
+from pagedserve.services.cli.loadgen import http_stream
 from pagedserve.services.cli.loadgen.latency_stats import RequestRecord
 from pagedserve.services.cli.loadgen.workload import BenchRequest
 
@@ -130,25 +133,40 @@ def apply_event(event: Any, record: RequestRecord, now: float) -> bool:
     return False
 
 
+@asynccontextmanager
+async def open_stream(
+    endpoint: EndpointConfig, request: BenchRequest
+) -> AsyncIterator[AsyncIterator[str]]:
+    """Send one streaming request; the SSE lines of its answer (StreamError unless 200)."""
+    body = json.dumps(endpoint.body(request)).encode()
+    async with http_stream.post(endpoint.url, body, endpoint.headers) as response:
+        if response.status != 200:
+            detail = (await response.read(300)).decode(errors="replace")
+            raise StreamError(f"HTTP {response.status}: {detail}")
+        yield sse_lines(response.chunks())
+
+
+TRANSPORT_ERRORS = (OSError, EOFError, asyncio.LimitOverrunError, http_stream.MalformedResponse)
+"""What a request may fail with besides StreamError: connection errors and timeouts
+(TimeoutError is an OSError), a connection closed mid-body, an over-long line, a garbled
+response."""
+
+
 async def send_request(
-    client: httpx.AsyncClient, endpoint: EndpointConfig, request: BenchRequest
+    endpoint: EndpointConfig, request: BenchRequest, timeout_s: float = 600.0
 ) -> RequestRecord:
-    """Stream one request to completion; failures are recorded, never raised."""
+    """Stream one request to completion, within `timeout_s` in all; failures are recorded,
+    never raised."""
     record = RequestRecord(request.prompt_len, request.output_len)
     record.start_time = time.perf_counter()
     try:
-        async with client.stream(
-            "POST", endpoint.url, json=endpoint.body(request), headers=endpoint.headers
-        ) as response:
-            if response.status_code != 200:
-                body = (await response.aread()).decode(errors="replace")[:300]
-                raise StreamError(f"HTTP {response.status_code}: {body}")
-            async for line in sse_lines(response.aiter_bytes()):
+        async with asyncio.timeout(timeout_s), open_stream(endpoint, request) as lines:
+            async for line in lines:
                 if apply_event(parse_sse_line(line), record, time.perf_counter()):
                     break
         if record.num_output_tokens == 0:  # a server that sent no usage block
             record.num_output_tokens = len(record.chunk_times)
-    except (StreamError, httpx.HTTPError) as exc:
+    except (StreamError, *TRANSPORT_ERRORS) as exc:
         record.error = f"{type(exc).__name__}: {exc}"
     record.end_time = time.perf_counter()
     return record
