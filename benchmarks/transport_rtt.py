@@ -2,7 +2,8 @@
 nothing computed in between: what each step pays for its messages alone.
 
 The scheduler side (this process) publishes a plan of N decoding sequences with
-`AsyncPlanPublisher` and awaits the result on `AsyncResultPuller`, as the engine loop does;
+`LoopPlanPublisher` and takes the result from `LoopResultPuller`'s reader callback, as the
+engine loop does;
 a worker process receives it on `PlanSubscriber` and answers at once on `ResultPusher`. Each
 round trip crosses six threads (each side's main thread and ZeroMQ I/O thread), and the
 round trips are spaced by a pause, as the steps are, so that each one wakes the threads
@@ -24,7 +25,6 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.asyncio
 
 from benchmarks.bench_args import ints
 from benchmarks.machine_info import machine_info
@@ -32,8 +32,8 @@ from pagedserve.services.cli.loadgen.runner import write_json
 from pagedserve.services.cli.ports import free_port
 from pagedserve.shared.protocol import CachedSequence, StepPlan, StepResult, decode, encode
 from pagedserve.shared.transport import (
-    AsyncPlanPublisher,
-    AsyncResultPuller,
+    LoopPlanPublisher,
+    LoopResultPuller,
     PlanSubscriber,
     ResultPusher,
     ipc_address,
@@ -93,21 +93,23 @@ def addresses(transport: str) -> tuple[str, str]:
 async def round_trips(transport: str, num_seqs: int, num_trips: int, pause_s: float) -> list[float]:
     """Milliseconds of each plan-out-to-result-in round trip."""
     plan_address, result_address = addresses(transport)
-    context = zmq.asyncio.Context()
-    publisher = AsyncPlanPublisher(context, plan_address)
-    puller = AsyncResultPuller(context, result_address)
+    context = zmq.Context()
+    publisher = LoopPlanPublisher(context, plan_address)
+    puller = LoopResultPuller(context, result_address)
+    inbox: asyncio.Queue[Any] = asyncio.Queue()
+    puller.start_reading(inbox.put_nowait)
     worker = multiprocessing.get_context("spawn").Process(
         target=echo_worker, args=(plan_address, result_address), daemon=True
     )
     worker.start()
     try:
-        await wait_for_subscription(publisher, puller)
+        await wait_for_subscription(publisher, inbox)
         trips = []
         for step_id in range(num_trips):
             plan = decode_plan(num_seqs, step_id)
             started = time.perf_counter()
             publisher.send(plan)
-            result = await puller.recv(timeout_s=30)
+            result = await asyncio.wait_for(inbox.get(), 30)
             if not isinstance(result, StepResult) or result.step_id != step_id:
                 raise RuntimeError(f"step {step_id}: the worker answered {result!r}")
             trips.append(1e3 * (time.perf_counter() - started))
@@ -121,17 +123,24 @@ async def round_trips(transport: str, num_seqs: int, num_trips: int, pause_s: fl
         context.term()
 
 
-async def wait_for_subscription(publisher: AsyncPlanPublisher, puller: AsyncResultPuller) -> None:
+async def wait_for_subscription(publisher: LoopPlanPublisher, inbox: asyncio.Queue[Any]) -> None:
     """PUB drops what is sent before a subscriber has joined: repeat a plan until answered,
     then drain the extra answers."""
     deadline = time.monotonic() + 120  # the worker imports torch
     while time.monotonic() < deadline:
         publisher.send(decode_plan(0, READY_STEP_ID))
-        if await puller.recv(timeout_s=0.05) is not None:
-            while await puller.recv(timeout_s=0.2) is not None:
+        if await next_message(inbox, 0.05) is not None:
+            while await next_message(inbox, 0.2) is not None:
                 pass
             return
     raise RuntimeError("the echo worker never answered")
+
+
+async def next_message(inbox: asyncio.Queue[Any], timeout_s: float) -> Any | None:
+    try:
+        return await asyncio.wait_for(inbox.get(), timeout_s)
+    except TimeoutError:
+        return None
 
 
 def codec_ms(num_seqs: int, repeats: int = 50) -> float:

@@ -29,18 +29,18 @@ import time
 import uuid
 from dataclasses import dataclass
 
-import zmq.asyncio
+import zmq
 
 from pagedserve.services.scheduler.engine_shape import EngineShape
 from pagedserve.shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
 from pagedserve.shared.tasks import cancel_and_wait
-from pagedserve.shared.transport import AsyncPlanPublisher, AsyncResultPuller, TransportError
+from pagedserve.shared.transport import LoopPlanPublisher, LoopResultPuller
 
 logger = logging.getLogger(__name__)
 
 HEARTBEAT_INTERVAL_S = 1.0
 HANDSHAKE_HEARTBEAT_INTERVAL_S = 0.2  # faster while waiting for hellos: quicker attach
-RECEIVE_POLL_S = 0.25
+LIVENESS_CHECK_S = 0.25  # how often silence is looked for
 
 
 @dataclass(slots=True)
@@ -73,20 +73,21 @@ class WorkerLink:
         self._ready = asyncio.Event()
         # per published plan whose result is awaited (two with async scheduling), in order
         self._result_waiters: dict[int, asyncio.Future[StepResult | None]] = {}
-        self._context = zmq.asyncio.Context()
-        self._publisher: AsyncPlanPublisher | None = None
-        self._puller: AsyncResultPuller | None = None
+        self._context = zmq.Context()
+        self._publisher: LoopPlanPublisher | None = None
+        self._puller: LoopResultPuller | None = None
         self._tasks: list[asyncio.Task] = []
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def start(self) -> None:
         """Bind both sockets (raises TransportError if a port is taken) and start heartbeating."""
-        self._publisher = AsyncPlanPublisher(self._context, self.plan_address)
-        self._puller = AsyncResultPuller(self._context, self.result_address)
+        self._publisher = LoopPlanPublisher(self._context, self.plan_address)
+        self._puller = LoopResultPuller(self._context, self.result_address)
+        self._puller.start_reading(self._on_message)
         self._tasks = [
             asyncio.create_task(self._heartbeat_forever(), name="scheduler-heartbeat"),
-            asyncio.create_task(self._receive_forever(), name="worker-receive"),
+            asyncio.create_task(self._watch_liveness_forever(), name="worker-liveness"),
         ]
 
     async def close(self) -> None:
@@ -174,16 +175,9 @@ class WorkerLink:
             ready = self.is_ready
             await asyncio.sleep(HEARTBEAT_INTERVAL_S if ready else HANDSHAKE_HEARTBEAT_INTERVAL_S)
 
-    async def _receive_forever(self) -> None:
-        assert self._puller is not None
+    async def _watch_liveness_forever(self) -> None:
         while True:
-            try:
-                message = await self._puller.recv(timeout_s=RECEIVE_POLL_S)
-            except TransportError as exc:
-                logger.error("dropping a message from a worker: %s", exc)
-                continue
-            if message is not None:
-                self._on_message(message)
+            await asyncio.sleep(LIVENESS_CHECK_S)
             self._check_liveness()
 
     def _on_message(self, message: object) -> None:

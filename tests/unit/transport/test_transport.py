@@ -7,7 +7,6 @@ import time
 
 import pytest
 import zmq
-import zmq.asyncio
 
 from pagedserve.shared.protocol import (
     CachedSequence,
@@ -19,8 +18,8 @@ from pagedserve.shared.protocol import (
     WorkerHello,
 )
 from pagedserve.shared.transport import (
-    AsyncPlanPublisher,
-    AsyncResultPuller,
+    LoopPlanPublisher,
+    LoopResultPuller,
     PlanPublisher,
     PlanSubscriber,
     ResultPuller,
@@ -154,32 +153,48 @@ def test_binding_a_taken_port_names_the_address(context):
         ResultPuller(context, puller.endpoint)
 
 
-def test_asyncio_publisher_and_puller():
-    async def scenario() -> tuple[object, object, object]:
-        ctx = zmq.asyncio.Context()
-        sync_ctx = zmq.Context()
-        publisher = AsyncPlanPublisher(ctx, ANY_PORT)
-        puller = AsyncResultPuller(ctx, ANY_PORT)
-        subscriber = PlanSubscriber(sync_ctx, publisher.endpoint)
-        pusher = ResultPusher(sync_ctx, puller.endpoint)
+def test_loop_publisher_and_puller() -> None:
+    """Messages reach the handler from the loop's reader callback, in order, including those
+    queued before reading started; an undecodable frame or a failing handler is skipped
+    without stranding the messages behind it (the descriptor does not signal them again)."""
+
+    async def scenario() -> tuple[list[object], object]:
+        ctx = zmq.Context()
+        publisher = LoopPlanPublisher(ctx, ANY_PORT)
+        puller = LoopResultPuller(ctx, ANY_PORT)
+        subscriber = PlanSubscriber(ctx, publisher.endpoint)
+        pusher = ResultPusher(ctx, puller.endpoint)
+        received: list[object] = []
+        done = asyncio.get_running_loop().create_future()
+
+        def on_message(message: object) -> None:
+            if message == Heartbeat("worker:0", 2.0):
+                raise RuntimeError("a handler's bug")
+            received.append(message)
+            if len(received) == 3:
+                done.set_result(None)
+
         try:
-            timed_out = await puller.recv(timeout_s=0.05)
-            pusher.send(Heartbeat("worker:0", 1.0))
-            heartbeat = await puller.recv(timeout_s=2.0)
-            received = None
+            pusher.send(Heartbeat("worker:0", 1.0))  # queued before reading starts
+            await asyncio.sleep(0.1)
+            puller.start_reading(on_message)
+            pusher.socket.send(b"not msgpack")
+            pusher.send(Heartbeat("worker:0", 2.0))
+            for step in (3, 4):
+                pusher.send(make_plan(step))
+            await asyncio.wait_for(done, 10.0)
+            plan = None
             for _ in range(100):
                 publisher.send(make_plan(1))
-                received = subscriber.recv(timeout_s=0.02)
-                if received is not None:
+                plan = subscriber.recv(timeout_s=0.02)
+                if plan is not None:
                     break
-            return timed_out, heartbeat, received
+            return received, plan
         finally:
             for socket in (publisher, puller, subscriber, pusher):
                 socket.close()
             ctx.term()
-            sync_ctx.term()
 
-    timed_out, heartbeat, received = asyncio.run(scenario())
-    assert timed_out is None
-    assert heartbeat == Heartbeat("worker:0", 1.0)
-    assert received == make_plan(1)
+    received, plan = asyncio.run(scenario())
+    assert received == [Heartbeat("worker:0", 1.0), make_plan(3), make_plan(4)]
+    assert plan == make_plan(1)
