@@ -7,7 +7,8 @@ at 64 in flight: 0.82 against 0.30 CPU seconds a run). vLLM's serving benchmark 
 streams with aiohttp for the same reason.
 
 One request per connection (`Connection: close`), the body framed by chunked transfer coding,
-Content-Length, or the connection's end. Plain `http://` and `https://` URLs."""
+Content-Length, or the connection's end. `http://` URLs, and `https://` with the system's CA
+store (the tests exercise plain HTTP only)."""
 
 from __future__ import annotations
 
