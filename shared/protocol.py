@@ -418,8 +418,6 @@ _VALUES_OF: dict[type, Any] = {
     cls: operator.attrgetter(*names) if len(names) > 1 else (lambda o, n=names[0]: (getattr(o, n),))
     for cls, names in _FIELD_NAMES.items()
 }
-# Fields whose msgpack form (a list) must be turned back into a tuple.
-_TUPLE_FIELDS = {SamplingParams: ("stop_token_ids", "eos_token_ids")}
 
 
 def _default(obj: Any) -> msgpack.ExtType:
@@ -442,14 +440,14 @@ def _ext_hook(tag: int, data: bytes) -> Any:
     if cls is not SamplingParams:  # the only one with fields to turn back into tuples
         return cls(*values)  # every field is an init field, in order
     kwargs = dict(zip(names, values, strict=True))
-    for name in _TUPLE_FIELDS.get(cls, ()):
+    # msgpack sends tuples as lists: the hashable, frozen forms back
+    for name in ("stop_token_ids", "eos_token_ids"):
         kwargs[name] = tuple(kwargs[name])
-    if cls is SamplingParams:
-        kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
-        if kwargs["allowed_token_ids"] is not None:
-            kwargs["allowed_token_ids"] = tuple(kwargs["allowed_token_ids"])
-        kwargs["bad_words_token_ids"] = tuple(tuple(w) for w in kwargs["bad_words_token_ids"])
-    return cls(**kwargs)
+    kwargs["logit_bias"] = tuple((int(t), float(b)) for t, b in kwargs["logit_bias"])
+    if kwargs["allowed_token_ids"] is not None:
+        kwargs["allowed_token_ids"] = tuple(kwargs["allowed_token_ids"])
+    kwargs["bad_words_token_ids"] = tuple(tuple(w) for w in kwargs["bad_words_token_ids"])
+    return SamplingParams(**kwargs)
 
 
 def encode(message: Any) -> bytes:
