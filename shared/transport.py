@@ -177,7 +177,7 @@ class LoopPlanPublisher(PlanPublisher):
             raise TransportError(f"send on {self.address} failed: {exc}") from exc
 
 
-class LoopResultPuller(ResultPuller):
+class LoopResultPuller(_Endpoint):
     """`ResultPuller` read from the event loop's own reader callback: every message is handed
     to `on_message` in the loop turn its socket becomes readable, with no task, future or poll
     per message (pyzmq's asyncio sockets make several: the scheduler's CPU per step went down
@@ -189,7 +189,7 @@ class LoopResultPuller(ResultPuller):
     logged and skipped, never left to strand the ones behind it."""
 
     def __init__(self, context: zmq.Context, address: str) -> None:
-        super().__init__(context, address)
+        super().__init__(context, zmq.PULL, address, bind=True)  # no blocking recv to mix in
         self._fd = self.socket.getsockopt(zmq.FD)
         self._loop: asyncio.AbstractEventLoop | None = None
 

@@ -77,9 +77,9 @@ _SSE_LINE_END = re.compile(rb"\r\n|\r|\n")
 
 
 async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[str]:
-    """The lines of an SSE stream as the SSE spec splits them: at CR, LF or CRLF only. (httpx's
-    `aiter_lines` splits like `str.splitlines`, also at U+2028, U+0085..., which servers may
-    send raw inside JSON strings, cutting an event in two.)"""
+    """The lines of an SSE stream as the SSE spec splits them: at CR, LF or CRLF only (not
+    also at U+2028, U+0085..., as `str.splitlines` does, which servers may send raw inside
+    JSON strings, cutting an event in two)."""
     pending = b""
     async for chunk in chunks:
         *lines, pending = _SSE_LINE_END.split(pending + chunk)
