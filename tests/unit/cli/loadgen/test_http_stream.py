@@ -113,6 +113,8 @@ def test_an_error_status_is_recorded_with_the_start_of_its_body() -> None:
         # the connection ends mid-chunk, and mid-length
         (STREAM_HEAD + b"transfer-encoding: chunked\r\n\r\n40\r\ndata: {", "IncompleteReadError"),
         (STREAM_HEAD + b"content-length: 400\r\n\r\ndata: {", "MalformedResponse"),
+        # a header line longer than the reader's 64 KiB buffer
+        (STREAM_HEAD + b"x-long: " + b"a" * 70_000 + b"\r\n\r\n", "LimitOverrunError"),
     ],
 )
 def test_broken_answers_are_recorded_as_failures_not_raised(answer: bytes, error: str) -> None:
