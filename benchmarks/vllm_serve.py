@@ -10,6 +10,7 @@ its first start compiles kernels for minutes (later starts reuse the compile cac
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 from benchmarks.peer_server import PeerServer
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.supervisor import ChildSpec
+from pagedserve.services.scheduler.ngram_proposer import MAX_N, MIN_N
 
 VLLM_PYTHON_ENV = "VLLM_PYTHON"  # the suite's way to name the peer's interpreter
 
@@ -32,6 +34,7 @@ class VllmServeConfig:
     kv_cache_gib: int = 3
     max_num_seqs: int = 256
     startup_timeout_s: float = 1200.0  # the first start compiles for minutes
+    num_speculative_tokens: int = 0  # n-gram speculative decoding (prompt lookup); 0: off
 
 
 def omp_bind(threads: int | None) -> str:
@@ -52,7 +55,21 @@ def vllm_serve_argv(config: VllmServeConfig, port: int) -> list[str]:
         "--model", str(config.model_dir), "--dtype", config.dtype,
         "--max-num-seqs", str(config.max_num_seqs),
         "--host", "127.0.0.1", "--port", str(port),
+        *speculative_argv(config.num_speculative_tokens),
     ]  # fmt: skip
+
+
+def speculative_argv(num_speculative_tokens: int) -> list[str]:
+    """vLLM's n-gram speculation with our proposer's n-gram lengths (4 down to 2)."""
+    if not num_speculative_tokens:
+        return []
+    config = {
+        "method": "ngram",
+        "num_speculative_tokens": num_speculative_tokens,
+        "prompt_lookup_max": MAX_N,
+        "prompt_lookup_min": MIN_N,
+    }
+    return ["--speculative-config", json.dumps(config)]
 
 
 def vllm_serve_env(config: VllmServeConfig) -> dict[str, str]:
@@ -78,8 +95,6 @@ PEER_PROBE = (
 def peer_info(config: VllmServeConfig) -> dict[str, Any]:
     """The peer's versions and the ISA its torch runs at, asked of its own interpreter under
     the run's environment; the threads and dtype it is started with."""
-    import json
-
     done = subprocess.run(
         [str(config.python), "-c", PEER_PROBE], env=vllm_serve_env(config),
         capture_output=True, text=True, timeout=300, check=False,
@@ -92,6 +107,7 @@ def peer_info(config: VllmServeConfig) -> dict[str, Any]:
         omp_bind=omp_bind(config.threads),
         dtype=config.dtype,
         kv_cache_gib=config.kv_cache_gib,
+        speculative_argv=speculative_argv(config.num_speculative_tokens),
     )
     return info
 

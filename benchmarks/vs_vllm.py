@@ -45,6 +45,7 @@ from pagedserve.services.cli.loadgen.runner import (
 )
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.loadgen.workload import BenchRequest
+from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 
 OURS, PEER = "pagedserve", "vLLM CPU"
 
@@ -110,6 +111,8 @@ def run_pagedserve(args: argparse.Namespace, model_dir: Path, *plan: Any) -> dic
         worker_threads=args.threads,
         startup_timeout_s=args.startup_timeout,
         async_scheduling=args.async_scheduling,
+        num_speculative_tokens=args.num_speculative_tokens,
+        speculative_max_num_seqs=args.speculative_max_num_seqs,
     )
     return measure_server(
         "pagedserve",
@@ -129,6 +132,7 @@ def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
         args.vllm_kv_cache_gib,
         args.max_num_seqs,
         args.vllm_startup_timeout,
+        args.num_speculative_tokens,
     )
 
 
@@ -176,6 +180,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="pagedserve plans each step while the last computes (vLLM's CPU build turns its "
         "own off on CPU)",
     )
+    add(
+        "--num-speculative-tokens",
+        type=int,
+        default=0,
+        help="n-gram speculative decoding (prompt lookup) in both servers; 0: off",
+    )
+    add(
+        "--speculative-max-num-seqs",
+        type=int,
+        default=DEFAULT_SPECULATIVE_MAX_NUM_SEQS,
+        help="pagedserve drafts only in steps of at most this many sequences",
+    )
     add("--concurrency", default="16,64", help="fixed levels of requests in flight")
     add("--rates", default="0.5,1,2", help="Poisson request rates (req/s) of the sweep")
     add("--rounds", type=int, default=1, help="alternated rounds; metrics are their medians")
@@ -204,6 +220,8 @@ def main(argv: list[str] | None = None) -> int:
         "dtype": args.dtype_resolved,
         "threads": args.threads,
         "async_scheduling": args.async_scheduling,
+        "num_speculative_tokens": args.num_speculative_tokens,
+        "speculative_max_num_seqs": args.speculative_max_num_seqs,
         "max_steal": args.max_steal,
         "workload": workload_summary(requests),
         "command": shlex.join(

@@ -6,6 +6,7 @@ import dataclasses
 import enum
 from dataclasses import dataclass, field
 
+from pagedserve.shared.config import MAX_SPECULATIVE_TOKENS
 from pagedserve.shared.protocol import GenerateRequest, SamplingParams
 
 
@@ -43,6 +44,8 @@ class Request:
     status: RequestStatus = RequestStatus.WAITING
     scheduled_step_id: int = -1  # the last plan that scheduled it
     num_draft_tokens: int = 0  # speculative tokens that plan also computed (in num_computed)
+    # drafts it may have next time: one more than its last drafts' accepted run (speculation.py)
+    max_next_drafts: int = MAX_SPECULATIVE_TOKENS
     # plans whose sample of it the worker keeps (`keep_sample`), oldest first, until their
     # results are applied: with async scheduling, the next plan may already compute on it
     kept_sample_steps: list[int] = field(default_factory=list)

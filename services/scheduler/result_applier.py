@@ -21,6 +21,7 @@ from pagedserve.services.scheduler.beam_groups import BeamGroups
 from pagedserve.services.scheduler.finish_rules import FINISH_ERROR, FINISH_LENGTH, check_stop
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_sets import RequestSets
+from pagedserve.services.scheduler.speculation import next_max_drafts
 from pagedserve.shared.config import SchedulerConfig
 from pagedserve.shared.iteration_histogram import IterationHistogram
 from pagedserve.shared.protocol import (
@@ -119,6 +120,8 @@ class ResultApplier:
                 continue
             more = result.more_token_ids[i] if result.more_token_ids else []
             self._count_drafts(request.num_draft_tokens, len(more))
+            if request.num_draft_tokens:
+                request.max_next_drafts = next_max_drafts(request.num_draft_tokens, len(more))
             delta = self._append(request, [token_id, *more[: request.num_draft_tokens]], i, result)
             if prompt_logprobs is not None:
                 delta = dataclasses.replace(delta, prompt_logprobs=prompt_logprobs)

@@ -36,9 +36,19 @@ def draft_tokens(request: Request, num_speculative_tokens: int, max_model_len: i
     `max_tokens` and the model length."""
     room = min(
         num_speculative_tokens,
+        request.max_next_drafts,
         request.sampling.max_tokens - request.num_output_tokens - 1,
         max_model_len - request.num_tokens,
     )
     if room <= 0 or not can_speculate(request):
         return []
     return propose_ngram(request.all_token_ids, room)
+
+
+def next_max_drafts(num_drafts: int, num_after_first: int) -> int:
+    """How many drafts a sequence may have next time, after `num_drafts` of which the workers
+    returned `num_after_first` tokens beyond the first (the accepted drafts, then the token
+    sampled after them): one more than the run accepted, so all right grows by one and all
+    wrong drops to one. A sequence whose text has stopped repeating its n-grams costs its
+    steps one extra row, not `num_speculative_tokens`."""
+    return min(num_after_first, num_drafts) + 1

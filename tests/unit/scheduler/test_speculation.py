@@ -6,6 +6,8 @@ token the request never had, fails a check."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import random
 
 import pytest
 
@@ -80,6 +82,33 @@ def test_outputs_are_those_of_one_token_per_step(model, num_speculative_tokens):
     assert per_pos == sorted(per_pos, reverse=True) and per_pos[0] > 0
     assert len(plans) < 30  # 30 tokens each in fewer steps than one token per step takes
     assert scheduler.kv.num_free_blocks == 64  # every block given back
+
+
+def off_then_cycling(tokens: list[int]) -> int:
+    """Breaks the cycle often for its first 50 positions, then keeps to it."""
+    if len(tokens) < 50 and (len(tokens) % 4 == 0 or len(tokens) % 9 == 0):
+        return 99
+    return cycling_model(tokens)
+
+
+def test_draft_length_follows_the_last_accepted_run():
+    """After drafts of which only a run was accepted, a sequence gets at most that run plus
+    one; all accepted, one more (up to the setting): a rejected guess costs one row next."""
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=6)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=80, temperature=0.0))
+    history = []  # (drafts planned, drafts accepted) per step that had drafts
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        drafts = [d for c in plan.cached_seqs for d in c.draft_token_ids]
+        deltas = scheduler.update_from_output(plan, worker.execute_model(plan, off_then_cycling))
+        if drafts:
+            history.append((len(drafts), sum(len(d.token_ids) for d in deltas) - 1))
+    for (_, accepted), (next_drafts, _) in itertools.pairwise(history):
+        assert next_drafts <= min(6, accepted + 1)
+    assert any(accepted < drafts for drafts, accepted in history)  # the breaks were drafted
+    assert any(drafts == 1 for drafts, _ in history)  # ... and shrank the next drafts
+    assert max(drafts for drafts, _ in history[len(history) // 2 :]) > 3  # and they grew back
 
 
 def test_a_stop_token_inside_accepted_drafts_ends_the_request_there():
@@ -160,6 +189,34 @@ def test_off_by_default():
 )
 def test_propose_ngram(tokens, num, want):
     assert propose_ngram(tokens, num) == want
+
+
+def ngram_by_scanning(tokens: list[int], num: int) -> list[int]:
+    """The proposer's rule spelled out as a plain scan: the longest n (4 down to 2) whose
+    last-n tokens recur earlier, the most recent such occurrence, what followed it."""
+    for n in range(min(4, len(tokens) - 1), 1, -1):
+        for end in range(len(tokens) - 2, n - 2, -1):
+            if tokens[end - n + 1 : end + 1] == tokens[-n:]:
+                return tokens[end + 1 : end + 1 + num] if num > 0 else []
+    return []
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 256, 257, 70_000, 2**32 - 1])
+def test_propose_ngram_matches_a_plain_scan(vocab):
+    """The byte search finds what the scan finds, including where a pattern's bytes also
+    occur straddling two tokens (small ids are mostly zero bytes) and ids past 16 bits."""
+    rng = random.Random(vocab)
+    for _ in range(3000):
+        tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
+        num = rng.randrange(0, 5)
+        assert propose_ngram(tokens, num) == ngram_by_scanning(tokens, num), (tokens, num)
+
+
+def test_propose_ngram_skips_a_byte_match_that_straddles_two_tokens():
+    # little-endian, [256, 0] is 00 01 00 00 00 00 00 00; those bytes recur from byte 17,
+    # inside 0x10005, 0, 0x300 (05 00 01 00 | 00 00 00 00 | 00 03 00 00): no token match
+    tokens = [256, 0, 7, 9, 0x10005, 0, 0x300, 256, 0]
+    assert propose_ngram(tokens, 2) == ngram_by_scanning(tokens, 2) == [7, 9]
 
 
 def test_preemption_with_drafts_in_the_plan_loses_nothing():
