@@ -34,7 +34,7 @@ class VllmServeConfig:
     kv_cache_gib: int = 3
     max_num_seqs: int = 256
     startup_timeout_s: float = 1200.0  # the first start compiles for minutes
-    num_speculative_tokens: int = 0  # n-gram speculative decoding (prompt lookup); 0: off
+    num_speculative_tokens: int | None = None  # n-gram speculation (prompt lookup); 0/None: off
 
 
 def omp_bind(threads: int | None) -> str:
@@ -59,7 +59,7 @@ def vllm_serve_argv(config: VllmServeConfig, port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def speculative_argv(num_speculative_tokens: int) -> list[str]:
+def speculative_argv(num_speculative_tokens: int | None) -> list[str]:
     """vLLM's n-gram speculation with our proposer's n-gram lengths (4 down to 2)."""
     if not num_speculative_tokens:
         return []

@@ -183,8 +183,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--num-speculative-tokens",
         type=int,
-        default=0,
-        help="n-gram speculative decoding (prompt lookup) in both servers; 0: off",
+        default=None,
+        help="n-gram speculative decoding (prompt lookup) in both servers; 0: off in both; "
+        "default: each server's own (pagedserve 3 on CPU, vLLM off)",
     )
     add(
         "--speculative-max-num-seqs",

@@ -111,6 +111,7 @@ class LLMEngine:
             max_num_batched_tokens=runner.max_num_batched_tokens,
             vocab_size=runner.vocab_size,
             sliding_windows=runner.sliding_windows,
+            num_speculative_tokens=runner.num_speculative_tokens,
         )
 
     def _load_tokenizer(self) -> Any | None:

@@ -44,6 +44,21 @@ def default_max_num_batched_tokens(device_type: str) -> int:
     return 512 if device_type == "cpu" else 2048
 
 
+def default_num_speculative_tokens(device_type: str) -> int:
+    """The n-gram drafts (`SchedulerConfig.num_speculative_tokens`) a worker on `device_type`
+    has the scheduler use when none is given: 3 on the CPU, 0 (off, as in vLLM) elsewhere.
+
+    On a CPU a decode step of few sequences is bound by reading the weights, so the rows drafts
+    add there are cheap, and the scheduler drafts only there (steps of at most
+    `speculative_max_num_seqs` sequences, nothing waiting) and
+    only for greedy free text: the output is the same, in fewer steps where the text repeats.
+    Through `pagedserve serve` (bf16, 2 threads, the vs_vllm workload of 96 greedy requests,
+    3 alternated rounds): 1.16x output tok/s at 16 in flight, 1.02x at 64. Never measured on a
+    GPU, where it stays off.
+    """
+    return 3 if device_type == "cpu" else 0
+
+
 @dataclass(frozen=True)
 class CacheConfig:
     block_size: int | None = None  # None: the workers' device default (`default_block_size`)
@@ -92,8 +107,9 @@ class SchedulerConfig:
     policy: str = "fcfs"  # "fcfs" | "priority"
     enable_chunked_prefill: bool = True
     # n-gram speculative decoding (prompt lookup, `services/scheduler/speculation.py`): draft
-    # tokens a greedy sequence may have checked in one step; 0: off
-    num_speculative_tokens: int = 0
+    # tokens a greedy sequence may have checked in one step; 0: off; None: the workers' device
+    # default (`default_num_speculative_tokens`)
+    num_speculative_tokens: int | None = None
     # ... only in steps that run at most this many sequences: beyond, the rows drafts add cost
     # more than the steps they save (every row is a full pass through the weights on a CPU)
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
@@ -104,7 +120,10 @@ class SchedulerConfig:
     def __post_init__(self) -> None:
         if self.policy not in ("fcfs", "priority"):
             raise ValueError(f"policy must be 'fcfs' or 'priority', got {self.policy!r}")
-        if not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS:
+        if (
+            self.num_speculative_tokens is not None
+            and not 0 <= self.num_speculative_tokens <= MAX_SPECULATIVE_TOKENS
+        ):
             raise ValueError(
                 f"num_speculative_tokens must be in [0, {MAX_SPECULATIVE_TOKENS}], "
                 f"got {self.num_speculative_tokens}"

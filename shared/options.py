@@ -118,9 +118,10 @@ OPTIONS: dict[str, Option] = {
         Option("--gpu-memory-utilization", 0.9, float),
         Option("--max-waiting", 4096, int, help="waiting requests beyond which new are refused"),
         Option("--policy", "fcfs", choices=("fcfs", "priority")),
-        Option("--num-speculative-tokens", 0, int,
+        Option("--num-speculative-tokens", None, optional_int,
                help="n-gram speculative decoding: draft tokens a greedy sequence may have "
-                    "checked per step (prompt lookup; output unchanged); 0: off"),
+                    "checked per step (prompt lookup; output unchanged); 0: off; default: 3 "
+                    "on CPU, 0 on CUDA"),
         Option("--speculative-max-num-seqs", DEFAULT_SPECULATIVE_MAX_NUM_SEQS, int,
                help="draft only in steps that run at most this many sequences"),
         Option("--async-scheduling", False, switch=True,

@@ -338,6 +338,9 @@ class WorkerHello:
     # a scheduler given none adopts rank 0's
     max_num_batched_tokens: int = 2048
     vocab_size: int = 0  # token ids the model knows are below this; 0: unknown
+    # n-gram drafts per sequence and step on this rank's device by default; a scheduler given
+    # none adopts rank 0's (`shared.config.default_num_speculative_tokens`)
+    num_speculative_tokens: int = 0
     # each layer's sliding window (its KV-cache spec, `shared.kv_cache_spec`); None: full
     sliding_windows: list[int | None] = field(default_factory=list)
 

@@ -36,7 +36,7 @@ class ServeOptions:
     kv_cache_memory: int | None = None
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"
-    num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
+    num_speculative_tokens: int | None = None  # n-gram speculative decoding; 0: off; None: device's
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
     async_scheduling: bool = False  # plan each step while the last computes (one rank only)
     kv_cache_metrics: bool = False  # KV block residency histograms (vLLM's)

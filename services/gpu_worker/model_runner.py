@@ -116,6 +116,8 @@ class ModelRunner:
             max_num_batched_tokens
             or self.platform.default_max_num_batched_tokens(self.forward_pass)
         )
+        # n-gram drafts per sequence the scheduler uses when given no number (rank 0's hello)
+        self.num_speculative_tokens = self.platform.default_num_speculative_tokens()
         # the sampler rows of the worst step the memory profile runs
         self.max_num_seqs = max_num_seqs or SchedulerConfig().max_num_seqs
         layout = KVCacheLayout.from_specs(

@@ -146,6 +146,7 @@ class WorkerLoop:
                 pid=os.getpid(),
                 max_num_batched_tokens=self.runner.max_num_batched_tokens,
                 vocab_size=self.runner.vocab_size,
+                num_speculative_tokens=self.runner.num_speculative_tokens,
                 sliding_windows=list(self.runner.sliding_windows),
             )
         )

@@ -24,6 +24,7 @@ class EngineShape:
     max_model_len: int  # prompt + output tokens of one sequence
     vocab_size: int  # token ids are below this; 0: unknown (no check)
     sliding_window: int | None = None  # blocks before every layer's window are given back
+    num_speculative_tokens: int = 0  # n-gram drafts per sequence and step; 0: off
 
     @classmethod
     def derive(
@@ -46,6 +47,11 @@ class EngineShape:
             max_model_len=min(scheduler_config.max_model_len, *(h.max_model_len for h in hellos)),
             vocab_size=min(vocab_sizes, default=0),
             sliding_window=reclaimable_window(rank0.sliding_windows),
+            num_speculative_tokens=(
+                rank0.num_speculative_tokens
+                if scheduler_config.num_speculative_tokens is None
+                else scheduler_config.num_speculative_tokens
+            ),
         )
 
     def scheduler_config(self, flags: SchedulerConfig) -> SchedulerConfig:
@@ -53,6 +59,7 @@ class EngineShape:
             flags,
             max_model_len=self.max_model_len,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            num_speculative_tokens=self.num_speculative_tokens,
         )
 
     def cache_config(self, flags: CacheConfig) -> CacheConfig:
@@ -66,5 +73,6 @@ class EngineShape:
     def describe(self) -> str:
         return (
             f"{self.num_blocks} KV blocks of {self.block_size} tokens, max_model_len "
-            f"{self.max_model_len}, {self.max_num_batched_tokens} tokens per step"
+            f"{self.max_model_len}, {self.max_num_batched_tokens} tokens per step, "
+            f"{self.num_speculative_tokens} n-gram drafts per sequence"
         )

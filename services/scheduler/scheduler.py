@@ -11,6 +11,7 @@ and answers for the whole: validation, aborts, stats and integrity.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections import deque
@@ -39,6 +40,14 @@ from pagedserve.shared.protocol import GenerateRequest, StepPlan, StepResult, To
 logger = logging.getLogger(__name__)
 
 
+def speculation_resolved(config: SchedulerConfig) -> SchedulerConfig:
+    """`config` with no draft count left to the workers' default: an engine's shape resolves
+    it (`EngineShape`); a scheduler built without workers has none to adopt, so it is off."""
+    if config.num_speculative_tokens is None:
+        return dataclasses.replace(config, num_speculative_tokens=0)
+    return config
+
+
 class Scheduler:
     def __init__(
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, vocab_size: int = 0
@@ -52,6 +61,7 @@ class Scheduler:
             raise ValueError(
                 "scheduler_config.max_num_batched_tokens must be set (the workers report it)"
             )
+        scheduler_config = speculation_resolved(scheduler_config)
         self._config = scheduler_config
         self.vocab_size = vocab_size
         self.block_size = cache_config.block_size
@@ -81,6 +91,7 @@ class Scheduler:
     @config.setter
     def config(self, config: SchedulerConfig) -> None:
         """A new config (e.g. speculation switched on between runs) reaches both halves."""
+        config = speculation_resolved(config)
         self._config = self._planner.config = self._applier.config = config
 
     @property

@@ -73,12 +73,16 @@ class StepPlanner:
     def _may_speculate(self) -> bool:
         """Drafts only in a pure decode step of few enough sequences: while a prompt waits or
         is part-way through its prefill, drafts would take its share of the step's token
-        budget and arithmetic, and delay its first token."""
+        budget and arithmetic, and delay its first token. Nor right after a request finished:
+        a client that got its answer often sends its next request at once, which then waits
+        for this step (bf16, 16 in flight, 2 alternated rounds: TTFT p50 136-138 against
+        174-175 ms, output tok/s 1.02-1.07x)."""
         running = self.sets.running
         return (
             0 < len(running) <= self.config.speculative_max_num_seqs
             and len(self.sets.waiting) == 0
             and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in running)
+            and not self.sets.finished_ids
         )
 
     def can_plan_ahead(self) -> bool:
@@ -122,7 +126,7 @@ class StepPlanner:
             if on_sample_in_flight:
                 num_new = 1  # the token being sampled now (the worker appends it)
             drafts = (
-                self._drafts(request, token_budget)
+                self._drafts(request, token_budget - 1)
                 if speculate
                 and num_new == 1
                 and request.beam_group_id is None
@@ -147,9 +151,10 @@ class StepPlanner:
             num_done += 1
         return list(planned.values()), token_budget
 
-    def _drafts(self, request: Request, token_budget: int) -> list[int]:
-        """Speculative tokens for a request in decode, within the step's token budget."""
-        room = min(self.config.num_speculative_tokens, token_budget - 1)
+    def _drafts(self, request: Request, room: int) -> list[int]:
+        """Speculative tokens for a request in decode, at most `room` (what the step's token
+        budget leaves)."""
+        room = min(self.config.num_speculative_tokens, room)
         return draft_tokens(request, room, self.config.max_model_len)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:

@@ -278,7 +278,9 @@ def test_speculative_decoding_saves_steps_where_text_repeats(min_tokens):
     """The default model continues a repeated motif, so drafts are right: the same tokens as
     without drafts, in fewer steps; also while short of min_tokens (benchmark clients send
     min_tokens = max_tokens beside ignore_eos)."""
-    config = SchedulerConfig(max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024)
+    config = SchedulerConfig(
+        max_num_seqs=4, max_num_batched_tokens=512, max_model_len=1024, num_speculative_tokens=0
+    )
     engine = LLMEngine("smollm2", config, CacheConfig(), dtype="float32")
     prompts = [[504, 1552, 28, 2018, 30] * 8, [1024, 33, 11208, 30] * 6]
     sampling = SamplingParams(
@@ -291,6 +293,15 @@ def test_speculative_decoding_saves_steps_where_text_repeats(min_tokens):
     drafted_steps = engine.scheduler.stats().num_steps - plain_steps
     assert [r.token_ids for r in drafted] == [r.token_ids for r in plain]
     assert drafted_steps < plain_steps * 0.7, (drafted_steps, plain_steps)
+
+
+def test_an_engine_on_the_cpu_drafts_by_default():
+    """Given no draft count, the engine adopts its CPU worker's default (3)."""
+    engine = LLMEngine("smollm2", SchedulerConfig(max_model_len=256), CacheConfig())
+    assert engine.scheduler.config.num_speculative_tokens == 3
+    prompt = [504, 1552, 28, 2018, 30] * 8
+    engine.generate([prompt], SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True))
+    assert engine.scheduler.stats().spec_num_drafts > 0
 
 
 def test_the_thread_count_chosen_at_start_is_chosen_again_while_it_steps(

@@ -30,7 +30,7 @@ class PipelineConfig:
     max_model_len: int | None = None
     num_blocks: int | None = None
     worker_threads: int | None = None  # OMP threads of the worker; None: torch's default
-    num_speculative_tokens: int = 0  # n-gram speculative decoding; 0: off
+    num_speculative_tokens: int | None = None  # n-gram speculative decoding; 0: off; None: device's
     speculative_max_num_seqs: int = DEFAULT_SPECULATIVE_MAX_NUM_SEQS
     async_scheduling: bool = False  # plan each step while the last one computes
     startup_timeout_s: float = 180.0

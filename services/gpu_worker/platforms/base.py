@@ -23,6 +23,7 @@ from pagedserve.shared.config import (
     CacheConfig,
     default_block_size,
     default_max_num_batched_tokens,
+    default_num_speculative_tokens,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +81,10 @@ class BasePlatform(ABC):
     def default_max_num_batched_tokens(self, forward_pass: ForwardPass) -> int:
         """The step token budget when none is given, for steps through `forward_pass`."""
         return default_max_num_batched_tokens(self.device_type)
+
+    def default_num_speculative_tokens(self) -> int:
+        """The n-gram drafts the scheduler uses when given no number (it adopts rank 0's)."""
+        return default_num_speculative_tokens(self.device_type)
 
     def prepare_model(self, model: BaseCausalLM, world_size: int) -> None:  # noqa: B027
         """Called once the weights are loaded (e.g. to give layers another linear method)."""

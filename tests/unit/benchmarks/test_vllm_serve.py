@@ -3,6 +3,8 @@ where the comparison takes its interpreter from."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -20,6 +22,17 @@ def test_it_runs_vllms_openai_server_from_its_own_venv() -> None:
     assert argv[argv.index("--model") + 1] == "/models/smol"
     assert argv[argv.index("--dtype") + 1] == "float32"
     assert argv[argv.index("--port") + 1] == "8123"
+
+
+def test_ngram_speculation_is_asked_for_only_when_given() -> None:
+    assert "--speculative-config" not in vllm_serve_argv(CONFIG, 8123)
+    argv = vllm_serve_argv(dataclasses.replace(CONFIG, num_speculative_tokens=3), 8123)
+    spec = json.loads(argv[argv.index("--speculative-config") + 1])
+    assert spec == {"method": "ngram", "num_speculative_tokens": 3,
+                    "prompt_lookup_max": 4, "prompt_lookup_min": 2}  # fmt: skip
+    args = build_parser().parse_args([])
+    assert args.num_speculative_tokens is None  # each server's own default
+    assert build_parser().parse_args(["--num-speculative-tokens", "0"]).num_speculative_tokens == 0
 
 
 def test_its_environment_names_the_cpu_backend_threads_and_kv_space(monkeypatch) -> None:

@@ -30,6 +30,7 @@ class FakeRunner:
     max_model_len = 128
     max_num_batched_tokens = 512
     vocab_size = 1000
+    num_speculative_tokens = 3
 
     def __init__(self) -> None:
         self.seqs: dict[str, NewSequence] = {}
@@ -114,6 +115,7 @@ def test_hello_then_plans_execute_and_results_come_back(harness):
     hello = harness.next_of(WorkerHello, heartbeat_epoch="e1")
     assert (hello.rank, hello.world_size, hello.num_blocks, hello.block_size) == (0, 1, 10, 16)
     assert hello.max_num_batched_tokens == 512  # the runner's: the scheduler may adopt it
+    assert hello.num_speculative_tokens == 3  # its device default: the scheduler may adopt it
     assert hello.sliding_windows == [None, 64]  # each layer's KV-cache spec
     harness.publisher.send(StepPlan(3, new_seqs=[new_seq("a")]))
     result = harness.next_of(StepResult)

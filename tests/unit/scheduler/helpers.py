@@ -31,7 +31,7 @@ def make_scheduler(
     policy: str = "fcfs",
     enable_prefix_caching: bool = True,
     enable_chunked_prefill: bool = True,
-    num_speculative_tokens: int = 0,
+    num_speculative_tokens: int | None = 0,
     speculative_max_num_seqs: int = 4,
     sliding_window: int | None = None,
     async_scheduling: bool = False,

@@ -10,7 +10,11 @@ import pytest
 
 from pagedserve.services.scheduler.engine_loop import EngineLoop, EngineLoopConfig
 from pagedserve.services.scheduler.engine_shape import EngineShape
-from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.config import (
+    CacheConfig,
+    SchedulerConfig,
+    default_num_speculative_tokens,
+)
 from pagedserve.shared.protocol import WorkerHello
 
 
@@ -39,6 +43,20 @@ def test_flags_win_and_the_length_limit_is_the_smallest() -> None:
     assert (shape.block_size, shape.max_num_batched_tokens, shape.max_model_len) == (32, 4096, 100)
     assert shape.cache_config(CacheConfig(block_size=32)).num_blocks == 40
     assert shape.scheduler_config(SchedulerConfig()).max_num_batched_tokens == 4096
+
+
+@pytest.mark.parametrize(("flag", "want"), [(None, 3), (0, 0), (5, 5)])
+def test_draft_count_is_the_flag_when_given_else_rank_0s_device_default(flag, want) -> None:
+    hellos = [hello(1, 2, num_speculative_tokens=0), hello(0, 2, num_speculative_tokens=3)]
+    flags = SchedulerConfig(num_speculative_tokens=flag)
+    shape = EngineShape.derive(hellos, flags, CacheConfig())
+    assert shape.num_speculative_tokens == want
+    assert shape.scheduler_config(flags).num_speculative_tokens == want
+
+
+def test_device_defaults_draft_on_the_cpu_only() -> None:
+    assert default_num_speculative_tokens("cpu") == 3
+    assert default_num_speculative_tokens("cuda") == 0
 
 
 def test_no_hello_is_a_clear_error() -> None:

@@ -94,7 +94,9 @@ def off_then_cycling(tokens: list[int]) -> int:
 def test_draft_length_follows_the_last_accepted_run():
     """After drafts of which only a run was accepted, a sequence gets at most that run plus
     one; all accepted, one more (up to the setting): a rejected guess costs one row next."""
-    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=6)
+    scheduler = make_scheduler(
+        num_blocks=64, max_model_len=128, num_speculative_tokens=6, speculative_max_num_seqs=16
+    )
     worker = FakeWorker(64, 4)
     scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=80, temperature=0.0))
     history = []  # (drafts planned, drafts accepted) per step that had drafts
@@ -168,8 +170,29 @@ def test_no_drafts_in_steps_with_more_sequences_than_allowed():
     assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)  # once r0 finished
 
 
-def test_off_by_default():
-    scheduler = make_scheduler(num_blocks=64, max_model_len=128)
+def test_no_drafts_in_the_step_after_a_request_finished():
+    """Its client may be sending the next request: that step stays short for it."""
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=3)
+    worker = FakeWorker(64, 4)
+    scheduler.add_request(make_request("short", CYCLE * 2, max_tokens=6, temperature=0.0))
+    scheduler.add_request(make_request("long", CYCLE * 2, max_tokens=40, temperature=0.0))
+    finished_before: list[bool] = []  # per plan: did a request finish since the last plan?
+    drafted: list[bool] = []
+    finished = False
+    while scheduler.has_unfinished_requests():
+        plan = scheduler.schedule()
+        finished_before.append(finished)
+        drafted.append(any(c.draft_token_ids for c in plan.cached_seqs))
+        deltas = scheduler.update_from_output(plan, worker.execute_model(plan, cycling_model))
+        finished = any(d.finished for d in deltas)
+    after_finish = finished_before.index(True)
+    assert not drafted[after_finish]
+    assert drafted[after_finish + 1]  # "long" alone, the step after that: drafts again
+    assert any(drafted[:after_finish])
+
+
+def test_off_in_a_scheduler_given_no_count_and_no_workers_default():
+    scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=None)
     scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=10, temperature=0.0))
     _, plans = run(scheduler, FakeWorker(64, 4), cycling_model)
     assert not any(c.draft_token_ids for p in plans for c in p.cached_seqs)
