@@ -48,6 +48,7 @@ class FakeModel:
     max_model_len = 128
     max_num_batched_tokens = 2048
     vocab_size = 1000
+    num_speculative_tokens = 0  # no drafts by default (a device that has none)
     sliding_windows = (None,)  # one full-attention layer
 
     def __init__(self, step_delay_s: float = 0.0, first_step_delay_s: float = 0.0) -> None:
