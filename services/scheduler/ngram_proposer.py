@@ -27,7 +27,10 @@ def propose_ngram(
     if num_tokens <= 0:
         return []
     length = len(tokens)
-    words = array("I", tokens).tobytes()
+    try:
+        words = array("I", tokens).tobytes()
+    except OverflowError:  # an id outside 32 bits (no vocabulary checked it): no drafts
+        return []
     before_last = (length - 1) * WORD  # a match in here ends before the last token
     for n in range(min(max_n, length - 1), min_n - 1, -1):
         pattern = words[(length - n) * WORD :]

@@ -235,6 +235,11 @@ def test_propose_ngram_matches_a_plain_scan(vocab):
         assert propose_ngram(tokens, num) == ngram_by_scanning(tokens, num), (tokens, num)
 
 
+def test_propose_ngram_drafts_nothing_for_ids_outside_32_bits():
+    assert propose_ngram([1, 2, 1 << 40, 1, 2], 2) == []
+    assert propose_ngram([1, 2, -1, 1, 2], 2) == []
+
+
 def test_propose_ngram_skips_a_byte_match_that_straddles_two_tokens():
     # little-endian, [256, 0] is 00 01 00 00 00 00 00 00; those bytes recur from byte 17,
     # inside 0x10005, 0, 0x300 (05 00 01 00 | 00 00 00 00 | 00 03 00 00): no token match
