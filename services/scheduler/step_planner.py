@@ -133,6 +133,8 @@ class StepPlanner:
                 and not on_sample_in_flight  # drafts follow the last known token
                 else []
             )
+            if drafts and not self._allocate(request, num_new + len(drafts)):
+                drafts = []  # they would take a block from someone else: none this step
             num_new += len(drafts)
             if num_new > 0:  # else its sample is still in flight
                 for victim, index in self._allocate_or_preempt(request, num_new):

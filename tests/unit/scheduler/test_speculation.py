@@ -170,6 +170,25 @@ def test_no_drafts_in_steps_with_more_sequences_than_allowed():
     assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)  # once r0 finished
 
 
+@pytest.mark.parametrize(("num_blocks", "long_max", "short_max"), [(6, 8, 2), (8, 12, 6)])
+def test_drafts_never_take_a_block_from_another_sequence(num_blocks, long_max, short_max):
+    """A cache just big enough for both requests one token at a time: drafts that would need
+    a block no one has freed yet are left out, instead of preempting the other request."""
+    scheduler = make_scheduler(
+        num_blocks=num_blocks, block_size=4, max_model_len=128, num_speculative_tokens=3
+    )
+    lengths = {"long": long_max, "short": short_max}
+    for request_id, max_tokens in lengths.items():
+        scheduler.add_request(
+            make_request(request_id, CYCLE * 2, max_tokens=max_tokens, temperature=0.0)
+        )
+    outputs, plans = run(scheduler, FakeWorker(num_blocks, 4), cycling_model)
+    assert scheduler.stats().num_preemptions == 0
+    assert any(c.draft_token_ids for p in plans for c in p.cached_seqs)
+    for request_id, max_tokens in lengths.items():
+        assert outputs[request_id] == one_at_a_time(CYCLE * 2, max_tokens, cycling_model)
+
+
 def test_no_drafts_in_the_step_after_a_request_finished():
     """Its client may be sending the next request: that step stays short for it."""
     scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=3)
