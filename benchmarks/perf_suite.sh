@@ -52,7 +52,7 @@ if [[ "${ONLY:-}" != "vllm" ]]; then
 #    run, TTFT / TPOT at 16 and 64 in flight, % of the FLOP limit, greedy texts compared
 $PY -m benchmarks.vs_transformers_serve --num-prompts "${TF_PROMPTS:-48}" --seed 0 \
   --threads "$THREADS" --concurrency 16,64 --num-check "${TF_CHECK:-16}" --hf-batch-sizes 16 \
-  --num-speculative-tokens "${SPEC_TOKENS:-0}" --speculative-max-num-seqs "${SPEC_MAX_SEQS:-32}" \
+  ${SPEC_TOKENS:+--num-speculative-tokens "$SPEC_TOKENS"} --speculative-max-num-seqs "${SPEC_MAX_SEQS:-32}" \
   --rounds "${ROUNDS:-1}" --out "$OUT/vs_transformers_serve"
 uptime | tee -a "$OUT/load.txt"
 fi

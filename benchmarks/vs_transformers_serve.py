@@ -51,7 +51,10 @@ from pagedserve.services.cli.loadgen.runner import (
 )
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.loadgen.workload import BenchRequest
-from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
+from pagedserve.shared.config import (
+    DEFAULT_SPECULATIVE_MAX_NUM_SEQS,
+    default_num_speculative_tokens,
+)
 
 
 def measure_server(
@@ -168,6 +171,12 @@ def _samples(rate: dict[str, Any]) -> str:
 
 def _speculative(result: dict[str, Any]) -> str:
     tokens, max_seqs = result.get("speculative") or (0, 0)
+    if tokens is None:
+        return (
+            " pagedserve with its default n-gram speculative decoding (on a CPU up to "
+            f"{default_num_speculative_tokens('cpu')} draft tokens per sequence) in steps of "
+            f"at most {max_seqs} sequences."
+        )
     if not tokens:
         return " pagedserve without speculative decoding."
     return (
@@ -275,8 +284,8 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--num-speculative-tokens",
         type=int,
-        default=0,
-        help="pagedserve's n-gram speculative decoding (0: off, its default)",
+        default=None,
+        help="pagedserve's n-gram speculative decoding (0: off; default: its own, 3 on CPU)",
     )
     add("--speculative-max-num-seqs", type=int, default=DEFAULT_SPECULATIVE_MAX_NUM_SEQS)
     add("--concurrency", default="16,64", help="levels of requests in flight, comma-separated")

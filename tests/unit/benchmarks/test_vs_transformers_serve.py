@@ -96,6 +96,9 @@ def test_report_section_names_the_machine_and_the_hf_ratio() -> None:
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "stolen by the hypervisor during the measured levels: 2% (pagedserve) / 37%" in text
     assert "pagedserve without speculative decoding" in text
+    result["speculative"] = [None, 32]
+    text = "\n".join(report_section(copy.deepcopy(result)))
+    assert "its default n-gram speculative decoding (on a CPU up to 3 draft tokens" in text
     result["speculative"] = [3, 8]
     text = "\n".join(report_section(copy.deepcopy(result)))
     assert "up to 3 draft tokens per sequence in steps of at most 8 sequences" in text
