@@ -81,8 +81,8 @@ class StepPlanner:
         return (
             0 < len(running) <= self.config.speculative_max_num_seqs
             and len(self.sets.waiting) == 0
-            and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in running)
             and not self.sets.finished_ids
+            and all(len(r.all_token_ids) - r.num_computed_tokens <= 1 for r in running)
         )
 
     def can_plan_ahead(self) -> bool:
@@ -126,7 +126,7 @@ class StepPlanner:
             if on_sample_in_flight:
                 num_new = 1  # the token being sampled now (the worker appends it)
             drafts = (
-                self._drafts(request, token_budget - 1)
+                self._drafts(request, token_budget)
                 if speculate
                 and num_new == 1
                 and request.beam_group_id is None
@@ -153,10 +153,9 @@ class StepPlanner:
             num_done += 1
         return list(planned.values()), token_budget
 
-    def _drafts(self, request: Request, room: int) -> list[int]:
-        """Speculative tokens for a request in decode, at most `room` (what the step's token
-        budget leaves)."""
-        room = min(self.config.num_speculative_tokens, room)
+    def _drafts(self, request: Request, token_budget: int) -> list[int]:
+        """Speculative tokens for a request in decode, within the step's token budget."""
+        room = min(self.config.num_speculative_tokens, token_budget - 1)
         return draft_tokens(request, room, self.config.max_model_len)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
