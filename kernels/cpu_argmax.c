@@ -14,12 +14,19 @@
 #include <stdint.h>
 #include <string.h>
 
+/* One register of lanes: 16 with AVX-512, else 8. Vectors wider than the ISA's registers are
+ * lowered piece by piece through memory: 16 lanes in an AVX2 build took 5.5 ms for 64 rows of
+ * 49152 float32 logits on 2 Zen 4 cores (torch: 1.4), 8 lanes ~0.3 ms. */
+#ifdef __AVX512F__
 #define LANES 16
+#else
+#define LANES 8
+#endif
 #define PARALLEL_MIN_ELEMENTS (1 << 16)
 
-typedef float v16f __attribute__((vector_size(LANES * sizeof(float))));
-typedef int32_t v16i __attribute__((vector_size(LANES * sizeof(int32_t))));
-typedef uint16_t v16h __attribute__((vector_size(LANES * sizeof(uint16_t))));
+typedef float vf __attribute__((vector_size(LANES * sizeof(float))));
+typedef int32_t vi __attribute__((vector_size(LANES * sizeof(int32_t))));
+typedef uint16_t vh __attribute__((vector_size(LANES * sizeof(uint16_t))));
 
 static inline float value_at(const void *row, int64_t i, int is_bf16) {
     if (!is_bf16) return ((const float *)row)[i];
@@ -29,12 +36,12 @@ static inline float value_at(const void *row, int64_t i, int is_bf16) {
     return f;
 }
 
-static inline v16f vector_at(const void *row, int64_t i, const int is_bf16) {
-    v16f v;
+static inline vf vector_at(const void *row, int64_t i, const int is_bf16) {
+    vf v;
     if (is_bf16) {
-        v16h h;
+        vh h;
         memcpy(&h, (const uint16_t *)row + i, sizeof h);
-        v = (v16f)(__builtin_convertvector(h, v16i) << 16);
+        v = (vf)(__builtin_convertvector(h, vi) << 16);
     } else {
         memcpy(&v, (const float *)row + i, sizeof v);
     }
@@ -52,19 +59,20 @@ static int64_t first_nan(const void *row, int64_t n, int is_bf16) {
 
 static inline __attribute__((always_inline)) int64_t row_argmax(const void *row, int64_t n,
                                                                 const int is_bf16) {
-    const v16i step = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
-    v16f best = {0};
-    v16i where = step, index = step;
-    v16i unordered = {0}; /* lanes that met a NaN */
+    vi step;
+    for (int l = 0; l < LANES; l++) step[l] = l;
+    vf best = {0};
+    vi where = step, index = step;
+    vi unordered = {0}; /* lanes that met a NaN */
     int64_t i = 0;
     if (n >= LANES) {
         best = vector_at(row, 0, is_bf16);
         unordered |= best != best;
         for (i = LANES; i + LANES <= n; i += LANES) {
             index += LANES;
-            const v16f v = vector_at(row, i, is_bf16);
-            const v16i larger = v > best;
-            best = (v16f)(((v16i)v & larger) | ((v16i)best & ~larger));
+            const vf v = vector_at(row, i, is_bf16);
+            const vi larger = v > best;
+            best = (vf)(((vi)v & larger) | ((vi)best & ~larger));
             where = (index & larger) | (where & ~larger);
             unordered |= v != v;
         }

@@ -1,5 +1,6 @@
 """The C argmax kernel (kernels/cpu_argmax.c) against torch's `argmax(dim=-1)`: random rows,
-ties, NaN, infinities and rows shorter than a vector, in float32 and bf16."""
+ties, NaN, infinities and rows shorter than a vector, in float32 and bf16, in the build this
+machine gets and in the one an AVX2-only CPU gets (8 lanes instead of 16)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,22 @@ import torch
 from pagedserve.kernels import cpu_argmax
 
 
-def test_the_kernel_builds_here():
+@pytest.fixture(autouse=True, params=["this machine", "AVX2"])
+def build(request, monkeypatch):
+    """Every test runs on this machine's build and on an AVX2 CPU's (`ATEN_CPU_CAPABILITY`
+    caps the ISA the kernel is compiled for), whose vectors are half as wide."""
+    if request.param == "AVX2":
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    cpu_argmax.load.cache_clear()
+    yield request.param
+    cpu_argmax.load.cache_clear()
+
+
+def test_the_kernel_builds_here(build):
     assert cpu_argmax.load() is not None
+    flags = cpu_argmax.cpu_build.compile_flags()
+    if build == "AVX2":
+        assert "-mavx2" in flags and not any(f.startswith("-mavx512") for f in flags)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -25,7 +40,7 @@ def test_random_rows_match_torch(dtype, shape):
 def test_ties_take_the_first_index_as_torch_does(dtype):
     logits = torch.zeros(6, 100, dtype=dtype)
     logits[0, [90, 7, 40]] = 3.0  # across lanes and the tail
-    logits[1, [16, 32]] = 1.0  # the same lane, two vectors apart
+    logits[1, [16, 32]] = 1.0  # the same lane, two (AVX2: four) vectors apart
     logits[2, [5, 99]] = 2.0  # one in a vector, one in the tail
     logits[3] = -float("inf")  # all equal: index 0
     logits[4, 3], logits[4, 19] = -0.0, 0.0  # zeros everywhere, signed: equal
