@@ -12,20 +12,18 @@ no step clock: None.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pagedserve.services.scheduler.status_reporter import STATUS_INTERVAL_S
+from pagedserve.services.cli.loadgen.engine_time import SETTLE_S, read_until_settled
 
 COUNTERS = {  # field -> the sample /metrics shows, summed over its labels
     "steps": "vllm:iteration_tokens_total_count",
     "execute_s": "pagedserve:worker_execute_seconds_total",
     "in_flight_s": "pagedserve:step_in_flight_seconds_total",
 }
-MAX_SETTLE_READS = 6
 
 
 def parse_counters(text: str) -> dict[str, float] | None:
@@ -47,19 +45,10 @@ def read_counters(root_url: str) -> dict[str, float] | None:
     return parse_counters(response.text) if response.status_code == 200 else None
 
 
-def read_settled(root_url: str, interval_s: float = STATUS_INTERVAL_S + 0.2) -> dict | None:
-    """The counters once two reads `interval_s` apart agree (the last one read if they never
-    do within `MAX_SETTLE_READS`); None for a server without them."""
-    last = read_counters(root_url)
-    for _ in range(MAX_SETTLE_READS):
-        if last is None:
-            return None
-        time.sleep(interval_s)
-        current = read_counters(root_url)
-        if current == last:
-            return current
-        last = current
-    return last
+def read_settled(root_url: str, interval_s: float = SETTLE_S) -> dict | None:
+    """The counters once two reads `interval_s` apart agree (`read_until_settled`); None for
+    a server without them."""
+    return read_until_settled(lambda: read_counters(root_url), interval_s)
 
 
 def step_clock(

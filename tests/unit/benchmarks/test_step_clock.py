@@ -8,6 +8,7 @@ import pytest
 from benchmarks import step_clock
 from benchmarks.step_clock import parse_counters, read_settled
 from benchmarks.vs_vllm_report import step_clock_rows
+from pagedserve.services.cli.loadgen.engine_time import MAX_SETTLE_READS
 
 PAGE = """\
 # HELP vllm:iteration_tokens_total Tokens per engine step
@@ -76,4 +77,4 @@ def test_the_report_gives_the_median_over_rounds():
 def test_a_reading_that_never_settles_is_the_last_one_read(monkeypatch):
     reads = iter([{"steps": float(i)} for i in range(20)])
     monkeypatch.setattr(step_clock, "read_counters", lambda url: next(reads))
-    assert read_settled("http://x", interval_s=0) == {"steps": float(step_clock.MAX_SETTLE_READS)}
+    assert read_settled("http://x", interval_s=0) == {"steps": float(MAX_SETTLE_READS)}

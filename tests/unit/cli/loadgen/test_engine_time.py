@@ -20,6 +20,10 @@ from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 LABELS = '{model_name="m"}'
 
 
+def read_settled(endpoint: EndpointConfig) -> dict[str, float] | None:
+    return read_engine_seconds(endpoint, settle_s=0.0)
+
+
 def exposition(
     execute: float, in_flight: float, scheduling: float, drafts: int = 0, accepted: int = 0,
     steps: int = 0, planned_ahead: int = 0,
@@ -67,12 +71,13 @@ def metrics_server(
 
 
 def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
-    readings = [(200, exposition(10.0, 11.0, 1.0, 30, 10)),
-                (200, exposition(17.5, 19.0, 1.5, 130, 70))]  # fmt: skip
+    readings = [(200, exposition(10.0, 11.0, 1.0, 30, 10))] * 2 + [
+        (200, exposition(17.5, 19.0, 1.5, 130, 70))]  # fmt: skip
     seen: list[tuple[str, str | None]] = []
     with metrics_server(readings, seen) as endpoint:
-        before, after = read_engine_seconds(endpoint), read_engine_seconds(endpoint)
-    assert seen == [("/metrics", "Bearer k")] * 2  # a gateway may require its key on /metrics
+        before, after = read_settled(endpoint), read_settled(endpoint)
+    # two reads each (the second confirms the first); a gateway may require its key on /metrics
+    assert seen == [("/metrics", "Bearer k")] * 4
     assert before == {"execute": 10.0, "in_flight": 11.0, "scheduling": 1.0,
                       "draft_tokens": 30, "accepted_tokens": 10, "steps": 0,
                       "planned_ahead": 0}  # fmt: skip
@@ -86,11 +91,22 @@ def test_shares_are_each_counters_growth_over_the_wall_time() -> None:
     assert "planned ahead" not in text
 
 
-def test_with_async_scheduling_the_share_of_steps_planned_ahead_is_shown() -> None:
-    readings = [(200, exposition(1.0, 1.0, 0.1, steps=100, planned_ahead=90)),
-                (200, exposition(9.0, 9.5, 0.2, steps=300, planned_ahead=280))]  # fmt: skip
+def test_a_reading_waits_until_two_reads_agree() -> None:
+    """The scheduler writes its counters every STATUS_INTERVAL_S: read at once after a level,
+    they may not hold its last steps yet, which the next level would then count as its own."""
+    readings = [(200, exposition(6.0, 6.5, 0.3)), (200, exposition(6.4, 6.9, 0.3)),
+                (200, exposition(6.5, 7.0, 0.4)), (200, exposition(6.5, 7.0, 0.4)),
+                (200, exposition(9.0, 9.5, 0.5))]  # fmt: skip
     with metrics_server(readings) as endpoint:
-        before, after = read_engine_seconds(endpoint), read_engine_seconds(endpoint)
+        reading = read_settled(endpoint)
+    assert (reading["execute"], reading["in_flight"], reading["scheduling"]) == (6.5, 7.0, 0.4)
+
+
+def test_with_async_scheduling_the_share_of_steps_planned_ahead_is_shown() -> None:
+    readings = [(200, exposition(1.0, 1.0, 0.1, steps=100, planned_ahead=90))] * 2 + [
+        (200, exposition(9.0, 9.5, 0.2, steps=300, planned_ahead=280))]  # fmt: skip
+    with metrics_server(readings) as endpoint:
+        before, after = read_settled(endpoint), read_settled(endpoint)
     text = format_shares(engine_time_shares(before, after, wall_s=10.0))
     assert "model busy 80%" in text and "95% of steps planned ahead" in text
 
@@ -102,7 +118,7 @@ def test_with_async_scheduling_the_share_of_steps_planned_ahead_is_shown() -> No
 )
 def test_a_server_without_the_counters_gives_none(status: int, body: str) -> None:
     with metrics_server([(status, body)]) as endpoint:
-        assert read_engine_seconds(endpoint) is None
+        assert read_settled(endpoint) is None
     assert engine_time_shares(None, {"execute": 1.0}, 1.0) is None
     assert format_shares(None) == ""
 
@@ -110,7 +126,7 @@ def test_a_server_without_the_counters_gives_none(status: int, body: str) -> Non
 def test_an_unreachable_server_gives_none() -> None:
     with metrics_server([(200, "")]) as endpoint:
         pass  # closed: nothing listens on its port any more
-    assert read_engine_seconds(endpoint) is None
+    assert read_settled(endpoint) is None
 
 
 def test_an_engine_that_does_not_speculate_reads_zero_drafts() -> None:
@@ -118,7 +134,7 @@ def test_an_engine_that_does_not_speculate_reads_zero_drafts() -> None:
     body = "".join(line + "\n" for line in exposition(4.0, 5.0, 0.5).splitlines()
                    if not line.startswith("vllm:spec_decode"))  # fmt: skip
     with metrics_server([(200, body)]) as endpoint:
-        reading = read_engine_seconds(endpoint)
+        reading = read_settled(endpoint)
     assert reading == {"execute": 4.0, "in_flight": 5.0, "scheduling": 0.5,
                        "draft_tokens": 0.0, "accepted_tokens": 0.0, "steps": 0.0,
                        "planned_ahead": 0.0}  # fmt: skip
