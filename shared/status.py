@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 T = TypeVar("T")
 
 ENGINE_STATUS_TTL_S = 15  # an engine whose status is older than this is taken for dead
+STATUS_INTERVAL_S = 1.0  # a scheduler writes its whole record (counters included) this often
 GATEWAY_HEARTBEAT_TTL_S = 10  # a gateway whose heartbeat key expired is taken for dead
 REQUEST_STATUS_TTL_S = 24 * 3600
 

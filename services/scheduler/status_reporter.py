@@ -28,11 +28,10 @@ from pagedserve.services.scheduler.stats import SchedulerStats
 from pagedserve.services.scheduler.status_metrics import metric_fields
 from pagedserve.services.scheduler.step_clock import StepClock
 from pagedserve.services.scheduler.worker_link import WorkerLink
-from pagedserve.shared.status import EngineStatus, to_fields
+from pagedserve.shared.status import STATUS_INTERVAL_S, EngineStatus, to_fields
 
 logger = logging.getLogger(__name__)
 
-STATUS_INTERVAL_S = 1.0
 # the gauges go with a step's writes at most this often (the gateways read the records every
 # 0.25 s), and the whole record at once when the engine has emptied
 GAUGE_INTERVAL_S = 0.1

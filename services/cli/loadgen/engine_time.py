@@ -24,7 +24,7 @@ import httpx
 
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.loadgen.status_sampler import parse_prometheus_gauges
-from pagedserve.services.scheduler.status_reporter import STATUS_INTERVAL_S
+from pagedserve.shared.status import STATUS_INTERVAL_S
 
 T = TypeVar("T")
 SETTLE_S = STATUS_INTERVAL_S + 0.2  # the scheduler writes its counters this often
