@@ -30,7 +30,7 @@ from benchmarks.machine_info import ISA_FLAGS, cpu_ticks, machine_info, steal_sh
 from benchmarks.rate_plots import write_rate_plots
 from benchmarks.rate_sweep import median_over_rounds, point, sweep_loads
 from benchmarks.server_footprint import ServerFootprint
-from benchmarks.step_clock import read_settled, step_clock
+from benchmarks.step_clock import step_clock
 from benchmarks.vllm_serve import VLLM_PYTHON_ENV, VllmServeConfig, VllmServer, peer_info
 from pagedserve.services.cli.loadgen.runner import (
     Level,
@@ -72,15 +72,12 @@ def measure_round(
     result: dict[str, Any] = {"load_before": os.getloadavg(), "warmup": warm_up(endpoint, warmup)}
     start = cpu_ticks()
     points = []
-    counters = read_settled(endpoint.root)
     for level in levels:
         before = cpu_ticks()
         summary = run_levels(endpoint, [level])[0]
         steal = steal_share(before, cpu_ticks())
-        after = read_settled(endpoint.root)
-        clock = step_clock(counters, after, summary["duration_s"])
+        clock = step_clock(summary.get("engine_time"), summary["duration_s"])
         points.append(point(summary, steal) | {"step_clock": clock})
-        counters = after
     result["steal_share"] = steal_share(start, cpu_ticks())
     result["points"] = points
     return result

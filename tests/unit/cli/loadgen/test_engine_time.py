@@ -11,9 +11,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from pagedserve.services.cli.loadgen.engine_time import (
+    MAX_SETTLE_READS,
     engine_time_shares,
     format_shares,
     read_engine_seconds,
+    read_until_settled,
 )
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 
@@ -100,6 +102,12 @@ def test_a_reading_waits_until_two_reads_agree() -> None:
     with metrics_server(readings) as endpoint:
         reading = read_settled(endpoint)
     assert (reading["execute"], reading["in_flight"], reading["scheduling"]) == (6.5, 7.0, 0.4)
+
+
+def test_a_reading_that_never_settles_is_the_last_one_read() -> None:
+    reads = iter(range(20))
+    assert read_until_settled(lambda: next(reads), interval_s=0) == MAX_SETTLE_READS
+    assert read_until_settled(lambda: None, interval_s=0) is None
 
 
 def test_with_async_scheduling_the_share_of_steps_planned_ahead_is_shown() -> None:
