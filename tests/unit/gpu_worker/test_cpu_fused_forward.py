@@ -5,10 +5,12 @@ wherever it does not apply."""
 
 from __future__ import annotations
 
+import ctypes
+
 import pytest
 import torch
 
-from pagedserve.kernels import cpu_small_gemm
+from pagedserve.kernels import cpu_layer_loop, cpu_small_gemm
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
 from pagedserve.services.gpu_worker.platforms.cpu import FUSED_STEP_TOKENS
@@ -20,6 +22,17 @@ from tests.unit.gpu_worker.fused_forward_checks import (
     assert_greedy_unchanged,
     run_steps,
     two_steps,
+)
+
+# silu_and_mul(x, m, n_inter, x_stride, y, y_stride), as the layer loop calls it
+SILU_AND_MUL = ctypes.CFUNCTYPE(
+    None,
+    ctypes.c_void_p,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_int64,
+    ctypes.c_void_p,
+    ctypes.c_int64,
 )
 
 pytestmark = pytest.mark.skipif(
@@ -76,7 +89,11 @@ def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, mo
     amx_form = CpuFusedForward.build(model)
     assert amx_form is not None and not amx_form.fuses_swiglu
     fused_calls, real_c = [], amx_form.silu_and_mul
-    amx_form.silu_and_mul = lambda *args: fused_calls.append(1) or real_c(*args)
+    # the C layer loop calls silu_and_mul through its pointer: a counting callback in its place
+    counting = SILU_AND_MUL(lambda *args: fused_calls.append(1) or real_c(*args))
+    assert amx_form.kernels.swiglu is None
+    assert amx_form.kernels.silu_and_mul == cpu_layer_loop.address_of(real_c)
+    amx_form.kernels.silu_and_mul = cpu_layer_loop.address_of(counting)
     with torch.inference_mode():
         ours = run_steps(amx_form, copies[0], steps)
         theirs = run_steps(model, copies[1], steps)

@@ -1,0 +1,171 @@
+/* A Llama decoder stack's layers for one step on the CPU, layer after layer, in C: the loop of
+ * `CpuFusedForward.forward` (services/gpu_worker/platforms/cpu_fused_forward.py).
+ *
+ * Every op of a layer is already a C kernel (RMSNorm with its residual add, the packed
+ * products, the fused SwiGLU, rotary, the KV write, paged attention). Called from Python they
+ * were nine ctypes calls a layer, 270 a step of SmolLM2-135M's 30 layers, ~2 us each in
+ * argument conversion and the interpreter: about a millisecond a step in which the main
+ * thread runs Python and the other OpenMP thread spins, a tenth of a one-sequence decode step.
+ * Here the same kernels are called in the same order with the same arguments, through the
+ * function pointers the caller gives (each kernel stays its own library, built with its own
+ * flags), so a step computes the same bits; the loop itself needs no ISA flags and no OpenMP.
+ *
+ * The caller fills three structs once a step (the kernels and shape once a model):
+ *   layer_kernels   the kernels (AMX: a product for gate-and-up and silu_and_mul in place of
+ *                   the fused SwiGLU, swiglu NULL)
+ *   layer_shape     the model's widths, heads and dtype
+ *   layer_weights   one per layer: its packed weights, norm weights and epsilons, its caches
+ *   step_buffers    the step's rows, angles, slots, working buffers and the attention
+ *                   kernel's arguments
+ * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
+ * layer's output in `out` and its residual sum in `residual` (the final norm is the caller's).
+ *
+ * Returns 0, or (nothing more computed) LOOP_NORM_TOO_WIDE where the RMSNorm kernel refused
+ * the hidden size, LOOP_SLOT_PAST_CACHE where a slot is not below a layer's num_slots,
+ * LOOP_NO_SCRATCH where the attention kernel could not allocate its scratch.
+ */
+#include <stddef.h>
+#include <stdint.h>
+
+enum { LOOP_OK = 0, LOOP_NORM_TOO_WIDE = 1, LOOP_SLOT_PAST_CACHE = 2, LOOP_NO_SCRATCH = 3 };
+
+/* y = x W^T (+ bias): small_gemm, small_gemm_amx, small_sgemm */
+typedef void (*product_fn)(const void *x, int64_t m, int64_t k, int64_t x_stride,
+                           const void *packed, int64_t n, const void *bias, void *y,
+                           int64_t y_stride);
+/* silu(x Wg^T) * (x Wu^T): small_gemm_swiglu, small_sgemm_swiglu */
+typedef void (*swiglu_fn)(const void *x, int64_t m, int64_t k, int64_t x_stride,
+                          const void *packed, int64_t n_inter, void *y, int64_t y_stride);
+typedef void (*silu_and_mul_fn)(const void *x, int64_t m, int64_t n_inter, int64_t x_stride,
+                                void *y, int64_t y_stride);
+typedef int (*norm_fn)(const void *x, const void *residual, void *sum_out, void *out,
+                       const void *weight, int64_t rows, int64_t hidden, float eps, int is_bf16);
+typedef void (*rotate_fn)(void *x, int64_t tokens, int64_t heads, int64_t head_dim,
+                          int64_t row_stride, const float *cos, const float *sin, int is_bf16);
+typedef int (*write_kv_fn)(const char *key, const char *value, int64_t src_stride,
+                           char *k_cache, char *v_cache, int64_t num_slots, const int64_t *slots,
+                           int64_t num_tokens, int64_t row_elems, int64_t elem_bytes);
+typedef int (*attend_fn)(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
+                         const void *v_cache, const int32_t *block_tables, int64_t max_blocks,
+                         const int32_t *seq_lens, const int32_t *query_start,
+                         const int32_t *seqs, int64_t num_seqs, int64_t num_heads,
+                         int64_t num_kv_heads, int64_t head_dim, int64_t block_size,
+                         float scale, int is_bf16);
+
+typedef struct {
+    product_fn qkv_product, o_product, down_product; /* by K: hidden, attention, intermediate */
+    product_fn gate_up_product;                      /* where swiglu is NULL */
+    swiglu_fn swiglu;
+    silu_and_mul_fn silu_and_mul;
+    norm_fn norm;
+    rotate_fn rotate;
+    write_kv_fn write_kv;
+    attend_fn attend;
+} layer_kernels;
+
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size;
+    int64_t element_bytes;
+    float scale;
+    int32_t is_bf16;
+} layer_shape;
+
+typedef struct {
+    const void *input_norm, *post_attention_norm, *qkv, *o, *gate_up, *down;
+    void *k_cache, *v_cache;
+    int64_t num_slots;
+    float input_eps, post_attention_eps;
+} layer_weights;
+
+typedef struct {
+    int64_t num_tokens;
+    void *hidden;
+    const float *cos, *sin;
+    const int64_t *slots;
+    void *normed, *residual, *out, *qkv, *attended, *act, *gate_up;
+    const int32_t *block_tables;
+    int64_t max_blocks;
+    const int32_t *seq_lens, *query_start, *seqs;
+    int64_t num_seqs;
+} step_buffers;
+
+/* silu(normed Wg^T) * (normed Wu^T) into b->act: fused, or (AMX) the product, then
+ * silu_and_mul. */
+static void mlp_up(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
+                   const step_buffers *b) {
+    const int64_t rows = b->num_tokens, hidden = s->hidden, inter = s->intermediate;
+    if (k->swiglu != NULL) {
+        k->swiglu(b->normed, rows, hidden, hidden, w->gate_up, inter, b->act, inter);
+        return;
+    }
+    k->gate_up_product(b->normed, rows, hidden, hidden, w->gate_up, 2 * inter, NULL, b->gate_up,
+                       2 * inter);
+    k->silu_and_mul(b->gate_up, rows, inter, 2 * inter, b->act, inter);
+}
+
+/* Keys and values rotated and written, then the queries attended, into b->attended. */
+static int attention(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
+                     const step_buffers *b) {
+    const int64_t rows = b->num_tokens, width = (s->num_heads + 2 * s->num_kv_heads) * s->head_dim;
+    const int64_t kv_row = s->num_kv_heads * s->head_dim;
+    char *key = (char *)b->qkv + s->num_heads * s->head_dim * s->element_bytes;
+    char *value = key + kv_row * s->element_bytes;
+    k->rotate(b->qkv, rows, s->num_heads + s->num_kv_heads, s->head_dim, width, b->cos, b->sin,
+              s->is_bf16);
+    if (k->write_kv(key, value, width, w->k_cache, w->v_cache, w->num_slots, b->slots, rows,
+                    kv_row, s->element_bytes))
+        return LOOP_SLOT_PAST_CACHE;
+    if (k->attend(b->attended, b->qkv, width, w->k_cache, w->v_cache, b->block_tables,
+                  b->max_blocks, b->seq_lens, b->query_start, b->seqs, b->num_seqs, s->num_heads,
+                  s->num_kv_heads, s->head_dim, s->block_size, s->scale, s->is_bf16))
+        return LOOP_NO_SCRATCH;
+    return LOOP_OK;
+}
+
+/* One layer: x (+ residual) -> normed, the sum the next residual (x itself at layer 0, where
+ * residual is NULL); its output in b->out, its residual sum in b->residual. */
+static int layer(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
+                 const step_buffers *b, const void *x, const void *residual) {
+    const int64_t rows = b->num_tokens, hidden = s->hidden;
+    const int64_t attention_width = s->num_heads * s->head_dim;
+    const int64_t width = attention_width + 2 * s->num_kv_heads * s->head_dim;
+    if (k->norm(x, residual, b->residual, b->normed, w->input_norm, rows, hidden, w->input_eps,
+                s->is_bf16))
+        return LOOP_NORM_TOO_WIDE;
+    const void *x_residual = residual != NULL ? b->residual : x;
+    k->qkv_product(b->normed, rows, hidden, hidden, w->qkv, width, NULL, b->qkv, width);
+    const int status = attention(k, s, w, b);
+    if (status != LOOP_OK) return status;
+    k->o_product(b->attended, rows, attention_width, attention_width, w->o, hidden, NULL, b->out,
+                 hidden);
+    if (k->norm(b->out, x_residual, b->residual, b->normed, w->post_attention_norm, rows, hidden,
+                w->post_attention_eps, s->is_bf16))
+        return LOOP_NORM_TOO_WIDE;
+    mlp_up(k, s, w, b);
+    k->down_product(b->act, rows, s->intermediate, s->intermediate, w->down, hidden, NULL, b->out,
+                    hidden);
+    return LOOP_OK;
+}
+
+int run_decoder_layers(const void *kernels, const void *shape, const void *weights,
+                       int64_t num_layers, const void *buffers) {
+    const layer_kernels *k = (const layer_kernels *)kernels;
+    const layer_shape *s = (const layer_shape *)shape;
+    const layer_weights *w = (const layer_weights *)weights;
+    const step_buffers *b = (const step_buffers *)buffers;
+    for (int64_t i = 0; i < num_layers; i++) {
+        const int status = layer(k, s, w + i, b, i == 0 ? b->hidden : b->out,
+                                 i == 0 ? NULL : b->residual);
+        if (status != LOOP_OK) return status;
+    }
+    return LOOP_OK;
+}
+
+/* The structs' sizes, for the caller to check its mirrors against: layer_kernels,
+ * layer_shape, layer_weights, step_buffers. */
+void layer_loop_struct_sizes(int64_t *sizes) {
+    sizes[0] = (int64_t)sizeof(layer_kernels);
+    sizes[1] = (int64_t)sizeof(layer_shape);
+    sizes[2] = (int64_t)sizeof(layer_weights);
+    sizes[3] = (int64_t)sizeof(step_buffers);
+}
