@@ -142,14 +142,21 @@ def packed_numel(num_out: int, num_in: int) -> int:
     return -(-num_out // PANEL_COLUMNS) * PANEL_COLUMNS * ((num_in + 1) // 2 * 2)
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A bf16 [N, K] weight in the kernel's panel layout (a flat bf16 tensor)."""
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A bf16 [N, K] weight in the kernel's panel layout (a flat bf16 tensor), written into
+    `out` where given (`packed_numel(N, K)` contiguous elements: a slice of an arena)."""
     if weight.dtype != torch.bfloat16 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"expected a 2-D bf16 CPU weight, got {weight.dtype} {weight.shape}")
     library = _library()
     weight = weight.detach().contiguous()
     num_out, num_in = weight.shape
-    packed = torch.empty(library.small_gemm_packed_numel(num_out, num_in), dtype=torch.bfloat16)
+    numel = library.small_gemm_packed_numel(num_out, num_in)
+    packed = torch.empty(numel, dtype=torch.bfloat16) if out is None else out
+    if packed.dtype != torch.bfloat16 or packed.shape != (numel,) or not packed.is_contiguous():
+        raise ValueError(
+            f"the packed weight takes {numel} contiguous bf16 elements, got {packed.dtype} "
+            f"{tuple(packed.shape)}"
+        )
     library.small_gemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
     return packed
 

@@ -64,14 +64,21 @@ def packed_numel(num_out: int, num_in: int) -> int:
     return -(-num_out // columns) * columns * num_in
 
 
-def pack(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 [N, K] weight in the kernel's panel layout (a flat float32 tensor)."""
+def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    """A float32 [N, K] weight in the kernel's panel layout (a flat float32 tensor), written into
+    `out` where given (`packed_numel(N, K)` contiguous elements: a slice of an arena)."""
     if weight.dtype != torch.float32 or weight.dim() != 2 or weight.device.type != "cpu":
         raise ValueError(f"expected a 2-D float32 CPU weight, got {weight.dtype} {weight.shape}")
     library = _library()
     weight = weight.detach().contiguous()
     num_out, num_in = weight.shape
-    packed = torch.empty(library.small_sgemm_packed_numel(num_out, num_in), dtype=torch.float32)
+    numel = library.small_sgemm_packed_numel(num_out, num_in)
+    packed = torch.empty(numel, dtype=torch.float32) if out is None else out
+    if packed.dtype != torch.float32 or packed.shape != (numel,) or not packed.is_contiguous():
+        raise ValueError(
+            f"the packed weight takes {numel} contiguous float32 elements, got {packed.dtype} "
+            f"{tuple(packed.shape)}"
+        )
     library.small_sgemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
     return packed
 

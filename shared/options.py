@@ -259,6 +259,8 @@ CPU_SWITCHES: dict[str, Switch] = {
                "bf16 linears of few rows in C, AVX512-BF16 (cpu_small_gemm.c)"),
         Switch("PAGEDSERVE_CPU_GEMM_AMX",
                "the AMX tiles in the bf16 linears, where the CPU has them"),
+        Switch("PAGEDSERVE_CPU_HUGE_PAGES",
+               "packed weights and the KV cache in transparent huge pages (cpu_huge_pages.py)"),
         Switch("PAGEDSERVE_CPU_FUSED_FORWARD",
                "the whole bf16 Llama forward through the C kernels (models/cpu_fused_forward.py)"),
     )

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import torch
 
+from pagedserve.services.gpu_worker import cpu_huge_pages
 from pagedserve.shared.kv_cache_spec import KVCacheSpec
 
 DEFAULT_CPU_KV_CACHE_BYTES = 1 << 30  # 1 GiB: room for ~20k tokens of the default model in fp32
@@ -81,11 +82,16 @@ class KVCacheLayout:
         self, num_blocks: int, device: torch.device
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         shape = (num_blocks, self.block_size, self.num_kv_heads, self.head_dim)
+
+        def zeros() -> torch.Tensor:
+            if device.type == "cpu":  # read from scattered blocks each step: in huge pages
+                return cpu_huge_pages.zeros(shape, self.dtype)
+            return torch.zeros(shape, dtype=self.dtype, device=device)
+
         caches = []
         for _ in range(self.num_layers):
-            key = torch.zeros(shape, dtype=self.dtype, device=device)
-            value = key if self.latent else torch.zeros(shape, dtype=self.dtype, device=device)
-            caches.append((key, value))
+            key = zeros()
+            caches.append((key, key if self.latent else zeros()))
         return caches
 
     def allocated_bytes(self, num_blocks: int) -> int:

@@ -64,6 +64,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from pagedserve.kernels import cpu_small_gemm, cpu_small_sgemm
+from pagedserve.services.gpu_worker.cpu_huge_pages import PanelArena
 from pagedserve.services.gpu_worker.layers.fused_moe import StackedExperts
 from pagedserve.services.gpu_worker.layers.linear_method import BaseLinearMethod
 
@@ -121,21 +122,39 @@ def fp32_uses_kernel() -> bool:
     return not (cpu_is_intel() and torch.backends.mkl.is_available())
 
 
-def _pack_fp32(weight: torch.Tensor) -> Fp32Packing:
+def panel_numel(weight: torch.Tensor) -> int:
+    """Elements of the kernel's panels `pack_weight` lays a [out, in] weight out in (0: it
+    takes none here, only MKL's or oneDNN's layouts)."""
+    num_out, num_in = weight.shape
+    if weight.dtype == torch.float32:
+        return cpu_small_sgemm.packed_numel(num_out, num_in) if fp32_uses_kernel() else 0
+    return cpu_small_gemm.packed_numel(num_out, num_in) if cpu_small_gemm.load() is not None else 0
+
+
+def _panels(weight: torch.Tensor, arena: PanelArena | None) -> torch.Tensor | None:
+    """The arena's next slice for the weight's panels (None: no arena, or no panels)."""
+    numel = panel_numel(weight)
+    return arena.take(numel, weight.dtype) if arena is not None and numel else None
+
+
+def _pack_fp32(weight: torch.Tensor, arena: PanelArena | None) -> Fp32Packing:
     if fp32_uses_kernel():
-        return Fp32Packing(cpu_small_sgemm.pack(weight), None)
+        return Fp32Packing(cpu_small_sgemm.pack(weight, _panels(weight, arena)), None)
     return Fp32Packing(
         None, torch.ops.mkl._mkl_reorder_linear_weight(weight.detach(), MKL_PACK_ROWS)
     )
 
 
-def pack_weight(weight: torch.Tensor) -> Fp32Packing | Bf16Packing:
+def pack_weight(weight: torch.Tensor, arena: PanelArena | None = None) -> Fp32Packing | Bf16Packing:
     """The packed copies of a [out, in] weight: for fp32 the kernel's or MKL's; for bf16,
     oneDNN's blocked one (whose batch-size hint does not matter: the same packing served 1 to
-    300 rows equally well) and the few-row kernel's."""
+    300 rows equally well) and the few-row kernel's. The kernel's panels go into `arena`'s
+    next slice where one is given (sized by `panel_numel`)."""
     if weight.dtype == torch.float32:
-        return _pack_fp32(weight)
-    few_rows = cpu_small_gemm.pack(weight) if cpu_small_gemm.load() is not None else None
+        return _pack_fp32(weight, arena)
+    few_rows = None
+    if cpu_small_gemm.load() is not None:
+        few_rows = cpu_small_gemm.pack(weight, _panels(weight, arena))
     if (
         few_rows is not None
         and cpu_small_gemm.max_rows(weight.shape[1]) == cpu_small_gemm.AMX_MAX_ROWS
@@ -229,32 +248,38 @@ def packing_of(layer: nn.Module) -> Fp32Packing | Bf16Packing | None:
     return method.packing if isinstance(method, CpuPackedLinear) else None
 
 
-def prepack_experts(experts: StackedExperts) -> int:
+def _expert_weights(experts: StackedExperts) -> list[tuple[str, int, torch.Tensor]]:
+    return [
+        (name, expert, weight)
+        for name in ("w13_weight", "w2_weight")
+        for expert, weight in enumerate(getattr(experts, name))
+        if can_prepack(weight)
+    ]
+
+
+def prepack_experts(experts: StackedExperts, arena: PanelArena | None = None) -> int:
     """Give each expert's gate/up and down products the packed method (a MoE layer's
     experts are one stacked parameter each, not linear layers); returns how many."""
-    num_packed = 0
-    for name in ("w13_weight", "w2_weight"):
-        for expert, weight in enumerate(getattr(experts, name)):
-            if can_prepack(weight):
-                experts.linear_methods[name, expert] = CpuPackedLinear(pack_weight(weight))
-                num_packed += 1
-    return num_packed
+    weights = _expert_weights(experts)
+    for name, expert, weight in weights:
+        experts.linear_methods[name, expert] = CpuPackedLinear(pack_weight(weight, arena))
+    return len(weights)
 
 
 def prepack_linears(model: nn.Module, num_threads: int | None = None) -> int:
     """Give every layer of `model` that has a linear method and a packable weight the packed
     method, packing on `num_threads` threads (default: the current count); returns how many
-    were packed."""
+    were packed. The kernel's panels of all of them share one arena in huge pages
+    (`cpu_huge_pages`), in the order of the model's modules."""
+    linears = [m for m in model.modules() if hasattr(m, "linear_method") and can_prepack(m.weight)]
+    experts = [m for m in model.modules() if isinstance(m, StackedExperts) and m not in linears]
+    weights = [m.weight for m in linears] + [w for e in experts for _, _, w in _expert_weights(e)]
+    arena = PanelArena([panel_numel(w) * w.element_size() for w in weights])
     previous_threads = torch.get_num_threads()
     torch.set_num_threads(num_threads or previous_threads)
     try:
-        num_packed = 0
-        for module in model.modules():
-            if hasattr(module, "linear_method") and can_prepack(module.weight):
-                module.linear_method = CpuPackedLinear(pack_weight(module.weight))
-                num_packed += 1
-            elif isinstance(module, StackedExperts):
-                num_packed += prepack_experts(module)
-        return num_packed
+        for module in linears:
+            module.linear_method = CpuPackedLinear(pack_weight(module.weight, arena))
+        return len(linears) + sum(prepack_experts(e, arena) for e in experts)
     finally:
         torch.set_num_threads(previous_threads)
