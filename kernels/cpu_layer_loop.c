@@ -20,12 +20,22 @@
  * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
  * layer's output in `out` and its residual sum in `residual` (the final norm is the caller's).
  *
+ * Only some rows' outputs are used (those the step samples from: a prompt chunk's last token,
+ * decodes, drafts; none of a chunk that does not end its prompt), and a row's output is its own
+ * (every op but attention is row by row, and attention reads the other rows only through the
+ * cache). Given `keep_rows`, the last layer computes every row up to attention (each row's keys
+ * and values are cached, and attention runs as for all rows, so a kept row's bits are the
+ * same), then only the kept rows: the o product, the norm, the MLP, ~85% of a layer. A
+ * 512-token prompt step of SmolLM2-135M's 30 layers saves ~2.8% of its multiply-adds. The kept
+ * rows' outputs and residual sums are then rows 0..num_keep of `out` and `residual`.
+ *
  * Returns 0, or (nothing more computed) LOOP_NORM_TOO_WIDE where the RMSNorm kernel refused
  * the hidden size, LOOP_SLOT_PAST_CACHE where a slot is not below a layer's num_slots,
  * LOOP_NO_SCRATCH where the attention kernel could not allocate its scratch.
  */
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 enum { LOOP_OK = 0, LOOP_NORM_TOO_WIDE = 1, LOOP_SLOT_PAST_CACHE = 2, LOOP_NO_SCRATCH = 3 };
 
@@ -87,13 +97,15 @@ typedef struct {
     int64_t max_blocks;
     const int32_t *seq_lens, *query_start, *seqs;
     int64_t num_seqs;
+    const int64_t *keep_rows; /* NULL: every row; else the rows whose output the caller uses */
+    int64_t num_keep;         /* ascending, distinct */
 } step_buffers;
 
-/* silu(normed Wg^T) * (normed Wu^T) into b->act: fused, or (AMX) the product, then
- * silu_and_mul. */
+/* silu(normed Wg^T) * (normed Wu^T) of the first `rows` rows into b->act: fused, or (AMX)
+ * the product, then silu_and_mul. */
 static void mlp_up(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
-                   const step_buffers *b) {
-    const int64_t rows = b->num_tokens, hidden = s->hidden, inter = s->intermediate;
+                   const step_buffers *b, int64_t rows) {
+    const int64_t hidden = s->hidden, inter = s->intermediate;
     if (k->swiglu != NULL) {
         k->swiglu(b->normed, rows, hidden, hidden, w->gate_up, inter, b->act, inter);
         return;
@@ -122,11 +134,26 @@ static int attention(const layer_kernels *k, const layer_shape *s, const layer_w
     return LOOP_OK;
 }
 
+/* Rows keep[0..n) of a [rows, width] buffer moved to its first n rows (keep ascending, so
+ * keep[j] >= j: each row is read before any later move writes over it); from `src` into `dst`
+ * where the two differ. */
+static void compact_rows(void *dst, const void *src, const int64_t *keep, int64_t n,
+                         int64_t width, int64_t element_bytes) {
+    const size_t row_bytes = (size_t)(width * element_bytes);
+    for (int64_t j = 0; j < n; j++)
+        if (dst != src || keep[j] != j)
+            memmove((char *)dst + j * row_bytes, (const char *)src + keep[j] * row_bytes,
+                    row_bytes);
+}
+
 /* One layer: x (+ residual) -> normed, the sum the next residual (x itself at layer 0, where
- * residual is NULL); its output in b->out, its residual sum in b->residual. */
+ * residual is NULL); its output in b->out, its residual sum in b->residual. `last`: the rows
+ * of b->keep_rows only past attention (every row's keys and values are written; no other row
+ * of the last layer's output is read), moved to the front of b->out and b->residual. */
 static int layer(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
-                 const step_buffers *b, const void *x, const void *residual) {
-    const int64_t rows = b->num_tokens, hidden = s->hidden;
+                 const step_buffers *b, const void *x, const void *residual, int last) {
+    int64_t rows = b->num_tokens;
+    const int64_t hidden = s->hidden;
     const int64_t attention_width = s->num_heads * s->head_dim;
     const int64_t width = attention_width + 2 * s->num_kv_heads * s->head_dim;
     if (k->norm(x, residual, b->residual, b->normed, w->input_norm, rows, hidden, w->input_eps,
@@ -136,12 +163,21 @@ static int layer(const layer_kernels *k, const layer_shape *s, const layer_weigh
     k->qkv_product(b->normed, rows, hidden, hidden, w->qkv, width, NULL, b->qkv, width);
     const int status = attention(k, s, w, b);
     if (status != LOOP_OK) return status;
+    if (last && b->keep_rows != NULL) {
+        compact_rows(b->attended, b->attended, b->keep_rows, b->num_keep, attention_width,
+                     s->element_bytes);
+        compact_rows(b->residual, x_residual, b->keep_rows, b->num_keep, hidden,
+                     s->element_bytes);
+        x_residual = b->residual;
+        rows = b->num_keep;
+        if (rows == 0) return LOOP_OK; /* no row's output is used: nothing more to compute */
+    }
     k->o_product(b->attended, rows, attention_width, attention_width, w->o, hidden, NULL, b->out,
                  hidden);
     if (k->norm(b->out, x_residual, b->residual, b->normed, w->post_attention_norm, rows, hidden,
                 w->post_attention_eps, s->is_bf16))
         return LOOP_NORM_TOO_WIDE;
-    mlp_up(k, s, w, b);
+    mlp_up(k, s, w, b, rows);
     k->down_product(b->act, rows, s->intermediate, s->intermediate, w->down, hidden, NULL, b->out,
                     hidden);
     return LOOP_OK;
@@ -155,7 +191,7 @@ int run_decoder_layers(const void *kernels, const void *shape, const void *weigh
     const step_buffers *b = (const step_buffers *)buffers;
     for (int64_t i = 0; i < num_layers; i++) {
         const int status = layer(k, s, w + i, b, i == 0 ? b->hidden : b->out,
-                                 i == 0 ? NULL : b->residual);
+                                 i == 0 ? NULL : b->residual, i == num_layers - 1);
         if (status != LOOP_OK) return status;
     }
     return LOOP_OK;

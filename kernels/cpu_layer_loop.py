@@ -84,6 +84,8 @@ class StepBuffers(ctypes.Structure):
         ("query_start", _pointer),
         ("seqs", _pointer),
         ("num_seqs", _int64),
+        ("keep_rows", _pointer),
+        ("num_keep", _int64),
     ]  # fmt: skip
 
 

@@ -239,14 +239,14 @@ class ModelRunner:
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
         inputs, metadata = self._prepare(scheduled)
         masks = self._start_masks(inputs.sampled)  # on a thread, while the forward runs
-        hidden = self.forward_pass(inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        rows = inputs.sample_index
+        if inputs.draft_index is not None:
+            rows = torch.cat([rows, inputs.draft_index])
+        hidden = self._forward(inputs, metadata, rows)
         if inputs.prompt_slices:  # every rank: computing logits gathers over ranks
             collect_prompt_logprobs(hidden, inputs.prompt_slices, self.model.compute_logits)
         if not inputs.sampled:  # every rank sees the same plan, so all skip the gather
             return StepResult(plan.step_id, [], []) if self.rank == 0 else None
-        rows = inputs.sample_index
-        if inputs.draft_index is not None:
-            rows = torch.cat([rows, inputs.draft_index])
         logits = self.model.compute_logits(hidden[rows])  # all ranks: gather
         if self.rank != 0 or logits is None:
             return None
@@ -257,6 +257,17 @@ class ModelRunner:
         if inputs.draft_index is not None:
             result = verify_drafts(result, logits[num_sampled:], inputs.sampled)
         return dataclasses.replace(result, execute_time_s=time.perf_counter() - start)
+
+    def _forward(
+        self, inputs: _StepInputs, metadata: AttentionMetadata, rows: torch.Tensor
+    ) -> torch.Tensor:
+        """The step's final hidden states: of `rows` alone where the forward pass takes them
+        (the others' last layer stops after attention), of every row where prompt logprobs
+        read them all."""
+        args = (inputs.token_ids, inputs.positions, self.kv_caches, metadata)
+        if inputs.prompt_slices or not getattr(self.forward_pass, "takes_logit_rows", False):
+            return self.forward_pass(*args)
+        return self.forward_pass(*args, logit_rows=rows)
 
     def _start_masks(self, sampled: list[SequenceState]) -> Future[StepMasks] | None:
         if self.rank != 0 or not len(self.grammars):

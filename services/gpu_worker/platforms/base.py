@@ -33,6 +33,10 @@ KVCaches = list[tuple[torch.Tensor, torch.Tensor]]
 
 
 class ForwardPass(Protocol):
+    """A step's forward pass. One whose `takes_logit_rows` is True also takes `logit_rows`
+    ([R] row indices): the rows the step reads its logits from; it may leave the other rows of
+    its result zero (their keys and values still go to the cache)."""
+
     def __call__(
         self,
         token_ids: torch.Tensor,  # [T]

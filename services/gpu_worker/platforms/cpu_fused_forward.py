@@ -265,15 +265,18 @@ class CpuFusedForward:
             return False
         return bool(self.is_bf16) or not self._split(metadata).long
 
+    takes_logit_rows = True  # see `forward`
+
     def __call__(
         self,
         token_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
+        logit_rows: torch.Tensor | None = None,  # [R]
     ) -> torch.Tensor:  # [T, H] final hidden states
         if self.takes_step(token_ids.shape[0], metadata):
-            return self.forward(token_ids, positions, kv_caches, metadata)
+            return self.forward(token_ids, positions, kv_caches, metadata, logit_rows)
         return self.model(token_ids, positions, kv_caches, metadata)
 
     def forward(
@@ -282,7 +285,12 @@ class CpuFusedForward:
         positions: torch.Tensor,  # [T]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
+        logit_rows: torch.Tensor | None = None,  # [R]
     ) -> torch.Tensor:  # [T, H] final hidden states
+        """The step's final hidden states. Given `logit_rows`, the last layer computes only
+        those rows past attention (`cpu_layer_loop.c`), and the other rows come back zero:
+        ~2.8% fewer multiply-adds in a prompt step of SmolLM2-135M, the same bits in those
+        rows, every row's keys and values cached."""
         s, num_tokens = self.shape, int(token_ids.shape[0])
         k_cache = kv_caches[0][0]
         if k_cache.dtype != self.dtype or not k_cache.is_contiguous():
@@ -300,16 +308,21 @@ class CpuFusedForward:
         qkv, attended, act = empty(s.qkv_width), empty(s.attention_width), empty(s.intermediate)
         gate_up = act if self.fuses_swiglu else empty(2 * s.intermediate)
         tables, max_blocks, lens, starts, seqs, num_seqs = step.args
+        keep = None if logit_rows is None else torch.unique(logit_rows.to(torch.int64))
         buffers = cpu_layer_loop.StepBuffers(
             num_tokens, *(t.data_ptr() for t in (hidden, cos, sin, slots, normed, residual, out,
             qkv, attended, act, gate_up)), tables, max_blocks, lens, starts, seqs, num_seqs,
+            None if keep is None else keep.data_ptr(), 0 if keep is None else keep.numel(),
         )  # fmt: skip
         self._check(cpu_layer_loop.run(self.kernels, self.loop_shape, self.weights, buffers))
-        final = empty(s.hidden)
+        rows = num_tokens if keep is None else keep.numel()  # the first rows of out, residual
+        final = torch.empty(rows, s.hidden, dtype=self.dtype)
         norm = self.model.norm
         self._norm(out.data_ptr(), residual.data_ptr(), residual.data_ptr(), final.data_ptr(),
-                   norm.weight.data_ptr(), num_tokens, norm.eps)  # fmt: skip
-        return final
+                   norm.weight.data_ptr(), rows, norm.eps)  # fmt: skip
+        if keep is None:
+            return final
+        return torch.zeros(num_tokens, s.hidden, dtype=self.dtype).index_copy_(0, keep, final)
 
     def _bind_caches(self, kv_caches: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Each layer's caches into its weights struct (the worker may reallocate them)."""

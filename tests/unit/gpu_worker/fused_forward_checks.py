@@ -53,3 +53,30 @@ def assert_greedy_unchanged(engine: LLMEngine) -> None:
         engine.runner.forward_pass = fused
     assert [r.token_ids for r in with_fused] == [r.token_ids for r in without]
     assert "Paris" in with_fused[0].text
+
+
+def assert_logit_rows_keep_their_bits(fused, caches) -> None:
+    """Through `fused` with `logit_rows` (as the runner passes the rows it samples from, in
+    any order): those rows are the bits of the full pass, every other row is zero where the
+    pass takes the step (the modules' steps compute all rows), and the caches are the same
+    bits (each row's keys and values are written in the last layer too). A step with no such
+    rows (a chunk that does not end its prompt) gives zeros."""
+    steps = two_steps(49152, 20)
+    full_caches = [(k.clone(), v.clone()) for k, v in caches]
+    picks = [torch.tensor([28, 19]), torch.tensor([6, 4, 5, 7, 8, 9])]  # last rows, drafts
+    with torch.inference_mode():
+        for (tokens, positions, metadata), rows in zip(steps, picks, strict=True):
+            full = fused(tokens, positions, full_caches, metadata)
+            some = fused(tokens, positions, caches, metadata, logit_rows=rows)
+            assert torch.equal(some[rows], full[rows])
+            others = torch.ones(len(tokens), dtype=torch.bool)
+            others[rows] = False
+            assert not some[others].any() or not fused.takes_step(len(tokens), metadata)
+        tokens, positions, metadata = steps[1]
+        assert fused.takes_step(len(tokens), metadata)
+        none = fused(
+            tokens, positions, caches, metadata, logit_rows=torch.tensor([], dtype=torch.long)
+        )
+        assert none.shape == (len(tokens), full.shape[1]) and not none.any()
+    for (k, v), (fk, fv) in zip(caches, full_caches, strict=True):
+        assert torch.equal(k, fk) and torch.equal(v, fv)

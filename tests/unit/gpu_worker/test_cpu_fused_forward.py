@@ -20,6 +20,7 @@ from pagedserve.shared.protocol import SamplingParams
 from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
     assert_greedy_unchanged,
+    assert_logit_rows_keep_their_bits,
     run_steps,
     two_steps,
 )
@@ -107,6 +108,11 @@ def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, mo
 
 def test_greedy_generation_is_unchanged(engine):
     assert_greedy_unchanged(engine)
+
+
+def test_given_its_logit_rows_the_last_layer_computes_only_those(engine):
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    assert_logit_rows_keep_their_bits(engine.runner.forward_pass, caches)
 
 
 def test_steps_past_its_rows_go_through_the_modules(engine, monkeypatch):

@@ -18,6 +18,7 @@ from pagedserve.shared.protocol import SamplingParams
 from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
     assert_greedy_unchanged,
+    assert_logit_rows_keep_their_bits,
     run_steps,
     two_steps,
 )
@@ -82,6 +83,11 @@ def test_a_step_with_a_chunk_past_the_attention_kernels_goes_through_the_modules
 
 def test_greedy_generation_is_unchanged(engine):
     assert_greedy_unchanged(engine)
+
+
+def test_given_its_logit_rows_the_last_layer_computes_only_those(engine):
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    assert_logit_rows_keep_their_bits(engine.runner.forward_pass, caches)
 
 
 def test_a_slot_past_the_cache_or_a_cache_of_another_dtype_is_an_error(engine):
