@@ -17,6 +17,8 @@ from pagedserve.services.gpu_worker.layers.rotary import RopeAngles
 
 
 class PreNormDecoderLayer(nn.Module):
+    selects_rows = True  # forward takes `keep`, see there
+
     def __init__(
         self,
         self_attn: Attention,
@@ -39,9 +41,11 @@ class PreNormDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, H]; None in the first layer
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
+        keep: torch.Tensor | None = None,  # [R] rows past attention (see `select_rows`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         normed, residual = self.input_layernorm(hidden, residual)
         hidden = self._scaled(self.self_attn(angles, normed, kv_cache, metadata))
+        hidden, residual = select_rows(keep, hidden, residual)
         normed, residual = self.post_attention_layernorm(hidden, residual)
         return self._scaled(self.mlp(normed)), residual
 
@@ -51,11 +55,24 @@ class PreNormDecoderLayer(nn.Module):
         return branch * self.residual_multiplier
 
 
+def select_rows(
+    keep: torch.Tensor | None, hidden: torch.Tensor, residual: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The rows `keep` of a layer's attention output and residual (all of them for None). A
+    model's last layer, once attention has cached every row's keys and values, needs to go on
+    only with the rows whose logits the step reads (`DecoderLM.forward`)."""
+    if keep is None:
+        return hidden, residual
+    return hidden[keep], residual[keep]
+
+
 class SandwichDecoderLayer(nn.Module):
     """Gemma 2 and 3: each branch normed before and after,
 
     h = x + norm2(attn(norm1(x)));   out = h + norm4(mlp(norm3(h)))
     """
+
+    selects_rows = True  # forward takes `keep`, see `select_rows`
 
     def __init__(self, self_attn: Attention, mlp: nn.Module, norm: type[nn.Module], size: int,
                  eps: float) -> None:  # fmt: skip
@@ -74,11 +91,13 @@ class SandwichDecoderLayer(nn.Module):
         residual: torch.Tensor | None,  # [T, H]; None in the first layer
         kv_cache: tuple[torch.Tensor, torch.Tensor],
         metadata: AttentionMetadata,
+        keep: torch.Tensor | None = None,  # [R] rows past attention (see `select_rows`)
     ) -> tuple[torch.Tensor, torch.Tensor]:
         normed, residual = self.input_layernorm(hidden, residual)
         attended, _ = self.post_attention_layernorm(
             self.self_attn(angles, normed, kv_cache, metadata)
         )
+        attended, residual = select_rows(keep, attended, residual)
         normed, residual = self.pre_feedforward_layernorm(attended, residual)
         out, _ = self.post_feedforward_layernorm(self.mlp(normed))
         return out, residual

@@ -96,21 +96,37 @@ class DecoderLM(BaseCausalLM):
     def kv_cache_specs(self) -> list[KVCacheSpec]:
         return [KVCacheSpec(window) for window in self.windows]
 
+    @property
+    def takes_logit_rows(self) -> bool:
+        """Its last layer can go on past attention with only some rows (`select_rows`)."""
+        return getattr(self.layers[-1], "selects_rows", False)
+
     def forward(
         self,
         token_ids: torch.Tensor,  # [T]
         positions: torch.Tensor,  # [T]
         kv_caches: list[tuple[torch.Tensor, torch.Tensor]],
         metadata: AttentionMetadata,
+        logit_rows: torch.Tensor | None = None,  # [R]
     ) -> torch.Tensor:  # [T, H] final hidden states
+        """Given `logit_rows` (and `takes_logit_rows`), the last layer's o product is the
+        only part of it past attention computed for the other rows, which come back zero:
+        every row's keys and values are still cached."""
         hidden = self.embed(token_ids)
         residual = None
-        for layer, angles, kv_cache in zip(
-            self.layers, self.layer_angles(positions), kv_caches, strict=True
+        keep = (
+            torch.unique(logit_rows) if logit_rows is not None and self.takes_logit_rows else None
+        )
+        last = len(self.layers) - 1
+        for index, (layer, angles, kv_cache) in enumerate(
+            zip(self.layers, self.layer_angles(positions), kv_caches, strict=True)
         ):
-            hidden, residual = layer(angles, hidden, residual, kv_cache, metadata)
+            rows = {"keep": keep} if index == last and keep is not None else {}
+            hidden, residual = layer(angles, hidden, residual, kv_cache, metadata, **rows)
         hidden, _ = self.norm(hidden, residual)
-        return hidden
+        if keep is None:
+            return hidden
+        return hidden.new_zeros(token_ids.shape[0], hidden.shape[1]).index_copy_(0, keep, hidden)
 
     def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
         """Each layer's rotary angles at `positions`: one set for all (Gemma 3 has two)."""

@@ -29,6 +29,8 @@ class BaseCausalLM(nn.Module, ABC):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__()
 
+    takes_logit_rows = False  # forward also takes `logit_rows=` (see `ForwardPass`)
+
     @abstractmethod
     def forward(
         self,

@@ -277,7 +277,7 @@ class CpuFusedForward:
     ) -> torch.Tensor:  # [T, H] final hidden states
         if self.takes_step(token_ids.shape[0], metadata):
             return self.forward(token_ids, positions, kv_caches, metadata, logit_rows)
-        return self.model(token_ids, positions, kv_caches, metadata)
+        return self.model(token_ids, positions, kv_caches, metadata, logit_rows=logit_rows)
 
     def forward(
         self,
