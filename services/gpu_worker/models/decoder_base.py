@@ -109,9 +109,9 @@ class DecoderLM(BaseCausalLM):
         metadata: AttentionMetadata,
         logit_rows: torch.Tensor | None = None,  # [R]
     ) -> torch.Tensor:  # [T, H] final hidden states
-        """Given `logit_rows` (and `takes_logit_rows`), the last layer's o product is the
-        only part of it past attention computed for the other rows, which come back zero:
-        every row's keys and values are still cached."""
+        """Given `logit_rows` (where `takes_logit_rows`), the other rows stop in the last
+        layer after its attention (o product included) and come back zero; every row's keys
+        and values are still cached."""
         hidden = self.embed(token_ids)
         residual = None
         keep = (
