@@ -129,18 +129,39 @@ def add_gateway(pipeline: Pipeline, name: str, *extra: str) -> ServiceProcess:
     return gateway
 
 
+PORT_TAKEN = "address already in use"
+PORT_ATTEMPTS = 3  # starts of a gateway whose port another process took first
+
+
+def restart_on_another_port(pipeline: Pipeline, index: int) -> ServiceProcess:
+    """Gateway `index` again, on a new free port: between `free_port()` and the gateway's
+    bind, any outgoing connection on the box may take the same ephemeral port."""
+    old = pipeline.gateways[index]
+    args, port = list(old.args), free_port()
+    args[args.index("--port") + 1] = str(port)
+    old.stop()  # exited already: off the list of live services
+    gateway = ServiceProcess(old.name, old.module, args, old.env).start()
+    pipeline.gateway_ports[index], pipeline.gateways[index] = port, gateway
+    return gateway
+
+
 def wait_until_serving(pipeline: Pipeline, timeout_s: float = 120.0) -> None:
-    """Every engine has attached its workers and every gateway's /health says ok."""
+    """Every engine has attached its workers and every gateway's /health says ok (a gateway
+    that lost its port to another process starts again on another)."""
     for engine in pipeline.engines:
         engine.scheduler.wait_for_log("workers ready", timeout_s)
     deadline = time.monotonic() + timeout_s
-    for index, gateway in enumerate(pipeline.gateways):
+    for index in range(len(pipeline.gateways)):
+        gateway, attempts = pipeline.gateways[index], 1
         while True:
             try:
                 if httpx.get(f"{pipeline.base_url(index)}/health", timeout=2).status_code == 200:
                     break
             except httpx.HTTPError:
                 pass
+            if not gateway.is_alive() and PORT_TAKEN in gateway.log() and attempts < PORT_ATTEMPTS:
+                gateway, attempts = restart_on_another_port(pipeline, index), attempts + 1
+                continue
             if not gateway.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError(
                     f"gateway {gateway.name} never became healthy:\n{gateway.tail()}"
