@@ -196,6 +196,14 @@ def test_a_slot_past_the_cache_is_an_error(engine):
         )
 
 
+def test_logit_rows_outside_the_step_are_an_error(engine):
+    tokens, positions, metadata = two_steps(engine.runner.model.config.vocab_size, 20)[1]
+    fused = engine.runner.forward_pass
+    for rows in ([3, 10], [-1]):
+        with torch.inference_mode(), pytest.raises(ValueError, match=r"logit rows must lie in"):
+            fused(tokens, positions, engine.runner.kv_caches, metadata, torch.tensor(rows))
+
+
 def test_not_built_where_it_does_not_apply(engine, monkeypatch):
     model = engine.runner.model
     assert CpuFusedForward.build(model) is not None
