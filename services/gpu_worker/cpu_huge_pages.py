@@ -3,8 +3,8 @@ weights and the KV cache.
 
 A decode step of few sequences streams every packed weight from memory (270 MB for
 SmolLM2-135M in bf16), and a step of many reads every sequence's cached keys and values, from
-blocks scattered over the cache. In 4 KiB pages that is a TLB miss every 4 KiB, and the
-hardware prefetchers stop at each page's end; in 2 MiB pages neither happens. Linux gives a
+blocks scattered over the cache. In 4 KiB pages that is a TLB miss every 4 KiB; in 2 MiB
+pages one every 2 MiB. Linux gives a
 process huge pages where it asks with `madvise(MADV_HUGEPAGE)` (the distributions' default
 "madvise" mode) on memory not yet touched; torch asks only when `THP_MEM_ALLOC_ENABLE=1` is set
 before it starts, and then only for single allocations of 2 MiB and more, where each layer's
@@ -13,9 +13,10 @@ weights are 0.7-3.5 MB apiece.
 So the packed weights of a model are laid out in one arena (`PanelArena`), each in its own
 64-byte-aligned slice, in the order the forward pass reads them, and the KV cache's tensors
 are allocated the same way: each in a fresh anonymous mapping, advised before it is first
-written. Measured on a 2-core AMD EPYC (Zen 4), bf16, torch's knob
-standing in: a 4-sequence decode step 12.7 -> 11.7 ms, the paged attention kernel at 64
-sequences of ~200 tokens 517 -> 472 us a layer.
+written. Measured on a 2-core AMD EPYC (Zen 4), bf16: the paged attention kernel alone at 64
+sequences of ~200 tokens 517 -> 472 us a layer (torch's knob standing in); a decode step
+in-process, on and off alternated, ~1.05x at 4 sequences of ~300 tokens and within 1% at 64;
+through `pagedserve serve` within the rounds' spread.
 
 Where the kernel has no transparent huge pages (or "never"), the advice fails or does nothing
 and the buffers stay in small pages: nothing else changes. `PAGEDSERVE_CPU_HUGE_PAGES=0` turns
