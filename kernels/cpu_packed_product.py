@@ -3,6 +3,7 @@
 signature, `(x, m, k, x_stride, packed, n, bias, y, y_stride)`, and this is its one call site;
 their fused SwiGLU passes, `small_gemm_swiglu` and `small_sgemm_swiglu`, share another,
 `(x, m, k, x_stride, packed, n_inter, y, y_stride)`, called from `call_packed_swiglu`.
+Both kernels' `pack` write into `packed_buffer`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+
+
+def packed_buffer(numel: int, dtype: torch.dtype, out: torch.Tensor | None) -> torch.Tensor:
+    """Where a weight's panels go: `out` (a slice of an arena) if given, checked to be `numel`
+    contiguous elements of `dtype`; else a new tensor."""
+    packed = torch.empty(numel, dtype=dtype) if out is None else out
+    if packed.dtype != dtype or packed.shape != (numel,) or not packed.is_contiguous():
+        raise ValueError(
+            f"the packed weight takes {numel} contiguous {dtype} elements, got {packed.dtype} "
+            f"{tuple(packed.shape)}"
+        )
+    return packed
 
 
 def call_packed_product(

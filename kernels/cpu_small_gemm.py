@@ -30,7 +30,11 @@ import torch
 
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError
-from pagedserve.kernels.cpu_packed_product import call_packed_product, call_packed_swiglu
+from pagedserve.kernels.cpu_packed_product import (
+    call_packed_product,
+    call_packed_swiglu,
+    packed_buffer,
+)
 from pagedserve.shared.options import switch_on
 
 logger = logging.getLogger(__name__)
@@ -151,12 +155,7 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     weight = weight.detach().contiguous()
     num_out, num_in = weight.shape
     numel = library.small_gemm_packed_numel(num_out, num_in)
-    packed = torch.empty(numel, dtype=torch.bfloat16) if out is None else out
-    if packed.dtype != torch.bfloat16 or packed.shape != (numel,) or not packed.is_contiguous():
-        raise ValueError(
-            f"the packed weight takes {numel} contiguous bf16 elements, got {packed.dtype} "
-            f"{tuple(packed.shape)}"
-        )
+    packed = packed_buffer(numel, torch.bfloat16, out)
     library.small_gemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
     return packed
 

@@ -18,7 +18,11 @@ import torch
 
 from pagedserve.kernels import cpu_build
 from pagedserve.kernels.cpu_build import KernelBuildError
-from pagedserve.kernels.cpu_packed_product import call_packed_product, call_packed_swiglu
+from pagedserve.kernels.cpu_packed_product import (
+    call_packed_product,
+    call_packed_swiglu,
+    packed_buffer,
+)
 
 
 def _below_avx2() -> str | None:
@@ -73,12 +77,7 @@ def pack(weight: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
     weight = weight.detach().contiguous()
     num_out, num_in = weight.shape
     numel = library.small_sgemm_packed_numel(num_out, num_in)
-    packed = torch.empty(numel, dtype=torch.float32) if out is None else out
-    if packed.dtype != torch.float32 or packed.shape != (numel,) or not packed.is_contiguous():
-        raise ValueError(
-            f"the packed weight takes {numel} contiguous float32 elements, got {packed.dtype} "
-            f"{tuple(packed.shape)}"
-        )
+    packed = packed_buffer(numel, torch.float32, out)
     library.small_sgemm_pack(weight.data_ptr(), num_out, num_in, packed.data_ptr())
     return packed
 

@@ -170,12 +170,11 @@ class CpuFusedForward:
     ) -> None:
         self.model = model
         self.shape = shape
-        self.layers = layers
         self.dtype = dtype
         self.is_bf16 = int(dtype == torch.bfloat16)  # the C kernels' dtype flag
         self.element_bytes = torch.empty(0, dtype=dtype).element_size()
         first = model.layers[0]
-        self.eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
+        eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
         self.scale = first.self_attn.attn.scale
         widths = (shape.hidden, shape.attention_width, shape.intermediate)
         if self.is_bf16:
@@ -201,9 +200,9 @@ class CpuFusedForward:
         self.weights = (cpu_layer_loop.LayerWeights * len(layers))(*(
             cpu_layer_loop.LayerWeights(
                 p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, None, None,
-                0, *eps,
+                0, *layer_eps,
             )
-            for p, eps in zip(layers, self.eps, strict=True)
+            for p, layer_eps in zip(layers, eps, strict=True)
         ))  # fmt: skip
 
     def _loop_kernels(self) -> cpu_layer_loop.LayerKernels:
