@@ -32,6 +32,7 @@ from benchmarks.rate_sweep import median_over_rounds, point, sweep_loads
 from benchmarks.server_footprint import ServerFootprint
 from benchmarks.step_clock import step_clock
 from benchmarks.vllm_serve import VLLM_PYTHON_ENV, VllmServeConfig, VllmServer, peer_info
+from benchmarks.vs_vllm_report import OURS, PEER
 from pagedserve.services.cli.loadgen.runner import (
     Level,
     build_workload,
@@ -46,8 +47,6 @@ from pagedserve.services.cli.loadgen.runner import (
 from pagedserve.services.cli.loadgen.sse_client import EndpointConfig
 from pagedserve.services.cli.loadgen.workload import BenchRequest
 from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
-
-OURS, PEER = "pagedserve", "vLLM CPU"
 
 
 def lscpu_isa() -> list[str]:

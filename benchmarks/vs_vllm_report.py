@@ -1,18 +1,20 @@
 """The markdown of a `vs_vllm` result: the machine and the peer, one row per level with both
-servers' medians and their ratio, and the steal of every round."""
+servers' medians, their ratio and the ratio of each round, and the steal of every round."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from typing import Any
 
-from benchmarks.rate_sweep import level_name
+from benchmarks.rate_sweep import level_name, stolen
 
 HEADER = [
     "| level | pagedserve tok/s | vLLM tok/s | ratio | TTFT p50 ms (ours / vLLM) | TTFT p99 "
-    "| TPOT p50 | TPOT p99 | rounds kept (ours / vLLM) |",
-    "|---|---|---|---|---|---|---|---|---|",
+    "| TPOT p50 | TPOT p99 | rounds kept (ours / vLLM) | ratio by round |",
+    "|---|---|---|---|---|---|---|---|---|---|",
 ]
+OURS, PEER = "pagedserve", "vLLM CPU"
 
 
 def _num(value: float | None, digits: int = 0) -> str:
@@ -27,7 +29,33 @@ def _pair(ours: dict[str, Any], peer: dict[str, Any] | None, metric: str) -> str
     return f"{_num(ours[metric])} / {_num(peer[metric]) if peer else '-'}"
 
 
-def level_row(ours: dict[str, Any], peer: dict[str, Any] | None) -> str:
+def round_ratios(result: dict[str, Any], level: int) -> list[float | None]:
+    """Our output tok/s over vLLM's at level `level`, round by round (the servers alternate,
+    so round i of each ran side by side in time): None where either round's point was thrown
+    out for steal or is missing. The median ratio hides how far the rounds spread."""
+    rounds = result["rounds"]
+    ratios: list[float | None] = []
+    for ours, peer in zip(rounds.get(OURS, []), rounds.get(PEER, []), strict=False):
+        points = [r.get("points") or [] for r in (ours, peer)]
+        if any(len(p) <= level for p in points):
+            ratios.append(None)
+            continue
+        mine, theirs = (p[level] for p in points)
+        kept = not any(stolen(p, result["max_steal"]) for p in (mine, theirs))
+        ok = kept and mine["output_tok_s"] is not None and theirs["output_tok_s"]
+        ratios.append(mine["output_tok_s"] / theirs["output_tok_s"] if ok else None)
+    return ratios
+
+
+def _round_ratios_cell(ratios: list[float | None]) -> str:
+    if not any(r is not None for r in ratios):
+        return "-"
+    return " / ".join("-" if r is None else f"{r:.2f}" for r in ratios) + "x"
+
+
+def level_row(
+    ours: dict[str, Any], peer: dict[str, Any] | None, ratios: Sequence[float | None] = ()
+) -> str:
     theirs = peer["output_tok_s"] if peer else None
     kept = f"{len(ours['rounds_kept'])} / {len(peer['rounds_kept']) if peer else '-'}"
     cells = [
@@ -40,6 +68,7 @@ def level_row(ours: dict[str, Any], peer: dict[str, Any] | None) -> str:
             for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
         ),
         kept,
+        _round_ratios_cell(list(ratios)),
     ]
     return "| " + " | ".join(cells) + " |"
 
@@ -122,7 +151,7 @@ def peer_line(peer: dict[str, Any] | None) -> str:
 
 def report(result: dict[str, Any]) -> str:
     w, medians = result["workload"], result["medians"]
-    ours, peer = medians["pagedserve"], medians.get("vLLM CPU")
+    ours, peer = medians[OURS], medians.get(PEER)
     lines = [
         "## pagedserve vs vLLM's CPU build",
         "",
@@ -134,7 +163,10 @@ def report(result: dict[str, Any]) -> str:
         peer_line(result.get("peer")),
         "",
         *HEADER,
-        *(level_row(o, p) for o, p in zip(ours, peer or [None] * len(ours), strict=True)),
+        *(
+            level_row(o, p, round_ratios(result, i))
+            for i, (o, p) in enumerate(zip(ours, peer or [None] * len(ours), strict=True))
+        ),
         "",
         steal_line(result["rounds"]),
         "",

@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 from benchmarks.report_writer import build_report
-from benchmarks.vs_vllm_report import report
+from benchmarks.vs_vllm_report import report, round_ratios
 
 
 def _level(rate, tok_s, kept) -> dict:
@@ -58,3 +58,37 @@ def test_the_report_shows_each_servers_start_up_by_round_and_median_peak_memory(
     text = report(result)
     assert "| pagedserve | 12.3, 9.0 | 4.00 | 3.00 |" in text
     assert "| vLLM CPU |" not in text  # rounds without a footprint: no row
+
+
+def _point(tok_s, steal=0.0) -> dict:
+    return {"output_tok_s": tok_s, "steal_share": steal}
+
+
+def test_each_rounds_ratio_is_ours_over_the_peers_round_beside_it() -> None:
+    result = canned_result()
+    result["rounds"] = {
+        "pagedserve": [{"steal_share": 0.0, "points": [_point(294.0), _point(60.0)]},
+                       {"steal_share": 0.0, "points": [_point(300.0), _point(61.0, 0.5)]},
+                       {"steal_share": 0.0, "points": [_point(453.0), _point(62.0)]}],
+        "vLLM CPU": [{"steal_share": 0.0, "points": [_point(200.0), _point(None)]},
+                     {"steal_share": 0.0, "points": [_point(200.0), _point(50.0)]},
+                     {"steal_share": 0.0, "points": [_point(300.0), _point(50.0)]}],
+    }  # fmt: skip
+    assert round_ratios(result, 0) == [1.47, 1.5, 1.51]
+    # a round with no peer figure, or with more than max_steal stolen, has no ratio
+    assert round_ratios(result, 1) == [None, None, 1.24]
+    text = report(result)
+    assert "| 2 / 2 | 1.47 / 1.50 / 1.51x |" in text
+    assert "| - / - / 1.24x |" in text
+
+
+def test_rounds_without_points_or_peer_leave_the_column_empty() -> None:
+    result = canned_result()  # its rounds hold only their steal, as a run's before points
+    assert round_ratios(result, 0) == [None, None]
+    assert text_row(report(result), "16 in flight").endswith("| 2 / 2 | - |")
+    del result["rounds"]["vLLM CPU"]
+    assert round_ratios(result, 0) == []
+
+
+def text_row(text: str, level: str) -> str:
+    return next(line for line in text.splitlines() if line.startswith(f"| {level} |"))
