@@ -47,7 +47,7 @@ def round_ratios(result: dict[str, Any], level: int) -> list[float | None]:
     return ratios
 
 
-def _round_ratios_cell(ratios: list[float | None]) -> str:
+def _round_ratios_cell(ratios: Sequence[float | None]) -> str:
     if not any(r is not None for r in ratios):
         return "-"
     return " / ".join("-" if r is None else f"{r:.2f}" for r in ratios) + "x"
@@ -68,7 +68,7 @@ def level_row(
             for m in ("ttft_p50_ms", "ttft_p99_ms", "tpot_p50_ms", "tpot_p99_ms")
         ),
         kept,
-        _round_ratios_cell(list(ratios)),
+        _round_ratios_cell(ratios),
     ]
     return "| " + " | ".join(cells) + " |"
 

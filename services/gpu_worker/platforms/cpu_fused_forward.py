@@ -308,7 +308,7 @@ class CpuFusedForward:
         gate_up = act if self.fuses_swiglu else empty(2 * s.intermediate)
         tables, max_blocks, lens, starts, seqs, num_seqs = step.args
         keep = None if logit_rows is None else torch.unique(logit_rows.to(torch.int64))
-        if keep is not None and keep.numel() and not 0 <= keep[0] <= keep[-1] < num_tokens:
+        if keep is not None and keep.numel() and (keep[0] < 0 or keep[-1] >= num_tokens):
             raise ValueError(f"logit rows must lie in [0, {num_tokens}): got {logit_rows.tolist()}")
         buffers = cpu_layer_loop.StepBuffers(
             num_tokens, *(t.data_ptr() for t in (hidden, cos, sin, slots, normed, residual, out,
