@@ -16,7 +16,8 @@
  *      value rows of both keys interleaved once per (sequence, KV head).
  * A decode's few rows would leave most lanes empty: they are scored by row (32 dimensions of
  * one key a `vdpbf16ps`, the 16 partial sums then added across lanes), normalized by
- * kernels/cpu_paged_attention.c's softmax_rows, and weighed as in 3.
+ * kernels/cpu_paged_attention.c's softmax_rows, and weighed as in 3, each pair of value rows
+ * interleaved in registers as it is read from the cache (no copy: one group of rows uses it).
  * Either way a row's result depends only on its own query and context, never on which rows
  * share the call; it does depend on how many rows its (sequence, KV head) has (the two ways
  * add in different orders), as bf16 linears already depend on the batch.
@@ -38,7 +39,7 @@
 #define DOT_KEYS 8            /* keys scored together */
 #define DOT_ROW_GROUP 6       /* rows weighed together: 6 x 4 accumulators of 16 dimensions */
 #define DOT_MAX_HEAD_DIM 256  /* the queries' pairs, held as zmm on the stack */
-#define DOT_PREFETCH_ROWS 32  /* rows ahead whose K and V rows interleave_all_values prefetches */
+#define DOT_PREFETCH_ROWS 32  /* tokens ahead whose rows a pass over the keys or values fetches */
 
 _Static_assert(DOT_ROW_GROUP == 6, "dot_weigh's switch covers groups of 1 to 6 rows");
 
@@ -70,6 +71,15 @@ static inline void prefetch_token(const void *k_cache, const void *v_cache, int6
         __builtin_prefetch((const char *)k_cache + 2 * offset + b);
         __builtin_prefetch((const char *)v_cache + 2 * offset + b);
     }
+}
+
+/* Prefetch rows from, from + 1, ... (n of them, those before seq_len) of one cache (d bf16
+ * elements each). */
+static inline void prefetch_rows(const uint16_t *cache, const int64_t *offsets, int64_t from,
+                                 int64_t n, int64_t seq_len, int64_t d) {
+    for (int64_t a = from; a < from + n && a < seq_len; a++)
+        for (int64_t b = 0; b < 2 * d; b += 64)
+            __builtin_prefetch((const char *)(cache + offsets[a]) + b);
 }
 
 /* All pairs of value rows of one (sequence, KV head): (seq_len + 1) / 2 * d / 16 zmm. The
@@ -168,6 +178,7 @@ static void dot_scores_by_row(float *scores, int64_t stride, const uint16_t *con
         if (next_head)
             for (int64_t a = t; a < t + 8 && a < seq_len; a++)
                 prefetch_token(k_cache, v_cache, offsets[a] + next_head, d);
+        prefetch_rows(keys, offsets, t + DOT_PREFETCH_ROWS, 8, seq_len, d);
         const uint16_t *key[8];
         for (int64_t k = 0; k < 8; k++) key[k] = keys + offsets[t + k < seq_len ? t + k : t];
         for (int64_t r = 0; r < rows; r++) {
@@ -269,6 +280,72 @@ static void dot_weigh(float *acc, const float *weights, int64_t pair_step, int64
 #define WEIGH_GROUP(R)                                                                        \
     case R:                                                                                   \
         dot_weigh_group(acc, weights, pair_step, row_step, r0, R, num_pairs, d, interleaved); \
+        break;
+        switch (rows) {
+            WEIGH_GROUP(1) WEIGH_GROUP(2) WEIGH_GROUP(3) WEIGH_GROUP(4) WEIGH_GROUP(5)
+            WEIGH_GROUP(6)
+        }
+#undef WEIGH_GROUP
+    }
+}
+
+/* dot_weigh's rows r0 .. r0 + rows - 1 for a decode's few rows, the value pairs read from the
+ * cache and interleaved in registers, as interleave_values lays them out, instead of through a
+ * copy: each pair serves only this group, so the copy's stores and its reload from L2 (a
+ * head's copy outgrows L1 from ~250 tokens) bought nothing. Same products, same order: the
+ * same bits. The value rows DOT_PREFETCH_ROWS ahead are fetched as the copy's loop fetched
+ * them (dot_scores_by_row fetches the keys likewise); without that the decode call was
+ * 0.93-0.95x, with it 1.12-1.33x (16 and 64 sequences of ~176-300 tokens, from memory,
+ * `benchmarks.cpu_attention_ab`). Each 8 values take a step of `ahead` (NULL: none). */
+static inline __attribute__((always_inline)) void dot_weigh_group_cached(
+    float *acc, const float *weights, int64_t stride, int64_t r0, const int rows,
+    int64_t seq_len, int64_t d, const uint16_t *values, const int64_t *offsets,
+    lookahead *ahead) {
+    static const uint16_t past_context[DOT_MAX_HEAD_DIM]; /* the odd context's missing row */
+    for (int64_t b = 0; b < d; b += 64) { /* 64 dimensions: two halves of a row per key */
+        __m512 sums[DOT_ROW_GROUP][4];
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
+        for (int64_t t = 0; t < seq_len; t += 2) {
+            if (b == 0 && t % 8 == 0) lookahead_step(ahead);
+            if (b == 0) prefetch_rows(values, offsets, t + DOT_PREFETCH_ROWS, 2, seq_len, d);
+            const uint16_t *row = values + offsets[t] + b;
+            const uint16_t *next = t + 1 < seq_len ? values + offsets[t + 1] + b : past_context;
+            const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + 32);
+            const __m512i b0 = _mm512_loadu_si512(next), b1 = _mm512_loadu_si512(next + 32);
+            const __m512bh v[4] = {
+                (__m512bh)_mm512_unpacklo_epi16(a0, b0), (__m512bh)_mm512_unpackhi_epi16(a0, b0),
+                (__m512bh)_mm512_unpacklo_epi16(a1, b1), (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
+            for (int i = 0; i < rows; i++) {
+                int32_t w;
+                memcpy(&w, weights + (r0 + i) * stride + t / 2, 4);
+                const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
+                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
+            }
+        }
+        for (int i = 0; i < rows; i++)
+            for (int k = 0; k < 4; k++) {
+                float lanes[16];
+                _mm512_storeu_ps(lanes, sums[i][k]);
+                float *out = acc + (r0 + i) * d + b + k / 2 * 32 + (k % 2) * 4;
+                for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
+            }
+    }
+}
+
+/* dot_weigh for rows laid out as dot_round_rows leaves them (pair_step 1, row_step stride),
+ * the values read from the cache (dot_weigh_group_cached). */
+static void dot_weigh_cached(float *acc, const float *weights, int64_t stride, int64_t n,
+                             int64_t seq_len, int64_t d, const void *v_cache,
+                             const int64_t *offsets, lookahead *ahead) {
+    const uint16_t *values = (const uint16_t *)v_cache;
+    for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP) {
+        const int64_t rows = n - r0 < DOT_ROW_GROUP ? n - r0 : DOT_ROW_GROUP;
+        lookahead *steps = r0 == 0 ? ahead : NULL; /* one pass's steps */
+#define WEIGH_GROUP(R)                                                                   \
+    case R:                                                                              \
+        dot_weigh_group_cached(acc, weights, stride, r0, R, seq_len, d, values, offsets, \
+                               steps);                                                   \
         break;
         switch (rows) {
             WEIGH_GROUP(1) WEIGH_GROUP(2) WEIGH_GROUP(3) WEIGH_GROUP(4) WEIGH_GROUP(5)

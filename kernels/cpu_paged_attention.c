@@ -348,9 +348,10 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
             query_rows[r] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
             last[r] = seq_len - num_new + j;
         }
-        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d, ahead);
         const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
         if (in_dot_lanes(rows, d, is_bf16)) {
+            interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d,
+                                  ahead);
             for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
                 dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
                                 rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
@@ -361,7 +362,7 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
                               k_cache, v_cache, offsets, seq_len, d, scale, next_head, ahead);
             softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
             dot_round_rows(scores, stride, rows, seq_len);
-            dot_weigh(acc, scores, 1, stride, rows, seq_len, d, (const __m512i *)rows_f);
+            dot_weigh_cached(acc, scores, stride, rows, seq_len, d, v_cache, offsets, ahead);
         }
     } else
 #endif
