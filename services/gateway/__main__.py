@@ -14,6 +14,7 @@ from pagedserve.services.gateway.gateway_config import GatewayConfig
 from pagedserve.shared.logging import setup_logging
 from pagedserve.shared.options import add_options, use
 from pagedserve.shared.redis_client import RedisTarget
+from pagedserve.shared.startup_heap import freeze_startup_heap
 
 GATEWAY_OPTIONS = (
     use("model", help="alias or model directory"), use("served_model_name", help=None),
@@ -102,6 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", http=protocol),
         drainer,
     )
+    logger.info("gateway: %d start-up objects frozen", freeze_startup_heap())
     server.run()
 
 

@@ -10,6 +10,7 @@ import sys
 from pagedserve.shared.config import CacheConfig
 from pagedserve.shared.logging import setup_logging
 from pagedserve.shared.options import add_options, use
+from pagedserve.shared.startup_heap import freeze_startup_heap
 
 WORKER_OPTIONS = (
     use("model", help="alias or model directory"), use("dtype", choices=None), "rank",
@@ -75,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: loop.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: loop.stop_event.set())
+    logger.info("worker %d: %d start-up objects frozen", args.rank, freeze_startup_heap())
     loop.run()
     logger.info("worker %d exits", args.rank)
     return 0
