@@ -7,7 +7,8 @@ Zen 4 each, during which a worker's step or a gateway's streams stand still (a f
 comes whenever the objects surviving the young generations reach a quarter of the old ones,
 so a busy server meets one every so often). Frozen once start-up is done (`gc.freeze`, as
 vLLM does after its engine starts), they are left out of every later collection, and a full
-one takes what the objects made since cost: `python -m benchmarks.gc_pause`.
+one takes what the objects made since cost: `python -m benchmarks.gc_pause`. The scheduler
+imports no torch and holds few objects (its full collections took 9-11 ms): not frozen.
 """
 
 from __future__ import annotations
