@@ -1,9 +1,9 @@
 """The objects a long-running process made while it started, out of the cyclic collector's way.
 
-A worker holds ~320,000 objects the collector tracks once its model is loaded (the modules,
-torch's and the tokenizer's Python state), and a gateway about as many. None of them is ever
-garbage, yet every full (oldest-generation) collection walks them all: 160-200 ms on a 2-core
-Zen 4 each, during which a worker's step or a gateway's streams stand still (a full collection
+A process holding the default model tracks ~313,000 objects once it is loaded (the modules,
+torch's and the tokenizer's Python state). None of them is ever garbage, yet every full
+(oldest-generation) collection walks them all: 130-165 ms in a worker on a 2-core Zen 4, and
+170-300 ms in a gateway, during which a step or the streams stand still (a full collection
 comes whenever the objects surviving the young generations reach a quarter of the old ones,
 so a busy server meets one every so often). Frozen once start-up is done (`gc.freeze`, as
 vLLM does after its engine starts), they are left out of every later collection, and a full
