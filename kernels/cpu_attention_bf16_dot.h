@@ -238,6 +238,17 @@ static void dot_softmax(float *scores, const int64_t *last, int64_t n, int64_t s
     for (int64_t i = 0; i < n; i++) inv_sum[i] = 1.0f / sum[i];
 }
 
+/* 32 output dimensions in order at `out` from the sums against one block's unpacklo (lo)
+ * and unpackhi (hi) value pairs: lane l of lo holds dimension 8 * (l / 4) + l % 4, of hi the
+ * same + 4 (interleave_values). */
+static inline void store_interleaved_sums(float *out, __m512 lo, __m512 hi) {
+    const __m512i first = _mm512_set_epi32(23, 22, 21, 20, 7, 6, 5, 4, 19, 18, 17, 16, 3, 2, 1, 0);
+    const __m512i second =
+        _mm512_set_epi32(31, 30, 29, 28, 15, 14, 13, 12, 27, 26, 25, 24, 11, 10, 9, 8);
+    _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo, first, hi));
+    _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, second, hi));
+}
+
 /* dot_weigh for `rows` rows from r0 (a constant where inlined: the 6 x 4 sums then stay in
  * registers, where a loop bound known only at run time spills them to the stack each pair). */
 static inline __attribute__((always_inline)) void dot_weigh_group(
@@ -260,12 +271,9 @@ static inline __attribute__((always_inline)) void dot_weigh_group(
             }
         }
         for (int i = 0; i < rows; i++)
-            for (int k = 0; k < 4; k++) {
-                float lanes[16];
-                _mm512_storeu_ps(lanes, sums[i][k]);
-                float *out = acc + (r0 + i) * d + (b + k) / 2 * 32 + (k % 2) * 4;
-                for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
-            }
+            for (int k = 0; k < 4; k += 2)
+                store_interleaved_sums(acc + (r0 + i) * d + (b + k) / 2 * 32, sums[i][k],
+                                       sums[i][k + 1]);
     }
 }
 
@@ -324,12 +332,9 @@ static inline __attribute__((always_inline)) void dot_weigh_group_cached(
             }
         }
         for (int i = 0; i < rows; i++)
-            for (int k = 0; k < 4; k++) {
-                float lanes[16];
-                _mm512_storeu_ps(lanes, sums[i][k]);
-                float *out = acc + (r0 + i) * d + b + k / 2 * 32 + (k % 2) * 4;
-                for (int l = 0; l < 16; l++) out[8 * (l / 4) + l % 4] = lanes[l];
-            }
+            for (int k = 0; k < 4; k += 2)
+                store_interleaved_sums(acc + (r0 + i) * d + b + k / 2 * 32, sums[i][k],
+                                       sums[i][k + 1]);
     }
 }
 
