@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.Config(app, host=config.host, port=config.port, log_level="warning", http=protocol),
         drainer,
     )
-    logger.info("gateway: %d start-up objects frozen", freeze_startup_heap())
+    logger.info("%d start-up objects frozen", freeze_startup_heap())
     server.run()
 
 

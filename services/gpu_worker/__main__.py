@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     signal.signal(signal.SIGTERM, lambda *_: loop.stop_event.set())
     signal.signal(signal.SIGINT, lambda *_: loop.stop_event.set())
-    logger.info("worker %d: %d start-up objects frozen", args.rank, freeze_startup_heap())
+    logger.info("%d start-up objects frozen", freeze_startup_heap())
     loop.run()
     logger.info("worker %d exits", args.rank)
     return 0
