@@ -249,84 +249,63 @@ static inline void store_interleaved_sums(float *out, __m512 lo, __m512 hi) {
     _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, second, hi));
 }
 
+/* Where dot_weigh reads the value pairs: the copy interleave_all_values made, or, where
+ * `interleaved` is NULL, the cache itself (`values` at `offsets`), each pair interleaved in
+ * registers as it is read. A decode's few rows take the second: its copy served one group of
+ * rows, so its stores and its reload from L2 (a head's copy outgrows L1 from ~250 tokens)
+ * bought nothing. Same products in the same order either way: the same bits. Read from the
+ * cache, the value rows DOT_PREFETCH_ROWS ahead are fetched as the copy's loop fetched them
+ * (dot_scores_by_row fetches the keys likewise; without that a decode call was 0.93-0.95x,
+ * with it 1.12-1.33x: 16 and 64 sequences of ~176-300 tokens from memory,
+ * `benchmarks.cpu_attention_ab`), and each 8 values take a step of `ahead` (NULL: none). */
+typedef struct {
+    const __m512i *interleaved;
+    const uint16_t *values;
+    const int64_t *offsets;
+    lookahead *ahead;
+} value_pairs;
+
+/* The 4 zmm of value pairs (keys t and t + 1) for dimensions b .. b + 63, laid out as
+ * interleave_values lays them out. */
+static inline __attribute__((always_inline)) void load_value_pairs(
+    __m512bh v[4], const value_pairs *src, const int from_cache, int64_t t, int64_t seq_len,
+    int64_t b, int64_t d) {
+    static const uint16_t past_context[DOT_MAX_HEAD_DIM]; /* the odd context's missing row */
+    if (!from_cache) {
+        const __m512i *at = src->interleaved + t / 2 * (d / 16) + b / 16;
+        for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
+        return;
+    }
+    const uint16_t *row = src->values + src->offsets[t] + b;
+    const uint16_t *next = t + 1 < seq_len ? src->values + src->offsets[t + 1] + b : past_context;
+    const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + 32);
+    const __m512i b0 = _mm512_loadu_si512(next), b1 = _mm512_loadu_si512(next + 32);
+    v[0] = (__m512bh)_mm512_unpacklo_epi16(a0, b0);
+    v[1] = (__m512bh)_mm512_unpackhi_epi16(a0, b0);
+    v[2] = (__m512bh)_mm512_unpacklo_epi16(a1, b1);
+    v[3] = (__m512bh)_mm512_unpackhi_epi16(a1, b1);
+}
+
 /* dot_weigh for `rows` rows from r0 (a constant where inlined: the 6 x 4 sums then stay in
- * registers, where a loop bound known only at run time spills them to the stack each pair). */
+ * registers, where a loop bound known only at run time spills them to the stack each pair;
+ * from_cache too, so that each form has its own loop). */
 static inline __attribute__((always_inline)) void dot_weigh_group(
     float *acc, const float *weights, int64_t pair_step, int64_t row_step, int64_t r0,
-    const int rows, int64_t num_pairs, int64_t d, const __m512i *interleaved) {
-    const int64_t per_pair = d / 16;
-    for (int64_t b = 0; b < per_pair; b += 4) { /* 64 dimensions: 4 zmm of pairs */
-        __m512 sums[DOT_ROW_GROUP][4];
-        for (int i = 0; i < rows; i++)
-            for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
-        for (int64_t tp = 0; tp < num_pairs; tp++) {
-            const __m512i *at = interleaved + tp * per_pair + b;
-            __m512bh v[4];
-            for (int k = 0; k < 4; k++) v[k] = (__m512bh)_mm512_loadu_si512(at + k);
-            for (int i = 0; i < rows; i++) {
-                int32_t w;
-                memcpy(&w, weights + tp * pair_step + (r0 + i) * row_step, 4);
-                const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
-                for (int k = 0; k < 4; k++) sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
-            }
-        }
-        for (int i = 0; i < rows; i++)
-            for (int k = 0; k < 4; k += 2)
-                store_interleaved_sums(acc + (r0 + i) * d + (b + k) / 2 * 32, sums[i][k],
-                                       sums[i][k + 1]);
-    }
-}
-
-/* acc[i * d + c] = sum over keys of row i's bf16 weight times value [c], for rows i < n: the
- * weights of row i, keys 2k and 2k + 1, are the 32-bit word k * pair_step + i * row_step of
- * `weights`; `interleaved` as interleave_all_values. */
-static void dot_weigh(float *acc, const float *weights, int64_t pair_step, int64_t row_step,
-                      int64_t n, int64_t seq_len, int64_t d, const __m512i *interleaved) {
-    const int64_t num_pairs = (seq_len + 1) / 2;
-    for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP) {
-        const int64_t rows = n - r0 < DOT_ROW_GROUP ? n - r0 : DOT_ROW_GROUP;
-#define WEIGH_GROUP(R)                                                                        \
-    case R:                                                                                   \
-        dot_weigh_group(acc, weights, pair_step, row_step, r0, R, num_pairs, d, interleaved); \
-        break;
-        switch (rows) {
-            WEIGH_GROUP(1) WEIGH_GROUP(2) WEIGH_GROUP(3) WEIGH_GROUP(4) WEIGH_GROUP(5)
-            WEIGH_GROUP(6)
-        }
-#undef WEIGH_GROUP
-    }
-}
-
-/* dot_weigh's rows r0 .. r0 + rows - 1 for a decode's few rows, the value pairs read from the
- * cache and interleaved in registers, as interleave_values lays them out, instead of through a
- * copy: each pair serves only this group, so the copy's stores and its reload from L2 (a
- * head's copy outgrows L1 from ~250 tokens) bought nothing. Same products, same order: the
- * same bits. The value rows DOT_PREFETCH_ROWS ahead are fetched as the copy's loop fetched
- * them (dot_scores_by_row fetches the keys likewise); without that the decode call was
- * 0.93-0.95x, with it 1.12-1.33x (16 and 64 sequences of ~176-300 tokens, from memory,
- * `benchmarks.cpu_attention_ab`). Each 8 values take a step of `ahead` (NULL: none). */
-static inline __attribute__((always_inline)) void dot_weigh_group_cached(
-    float *acc, const float *weights, int64_t stride, int64_t r0, const int rows,
-    int64_t seq_len, int64_t d, const uint16_t *values, const int64_t *offsets,
-    lookahead *ahead) {
-    static const uint16_t past_context[DOT_MAX_HEAD_DIM]; /* the odd context's missing row */
-    for (int64_t b = 0; b < d; b += 64) { /* 64 dimensions: two halves of a row per key */
+    const int rows, int64_t seq_len, int64_t d, const value_pairs *src, const int from_cache) {
+    for (int64_t b = 0; b < d; b += 64) { /* 64 dimensions: 4 zmm of pairs */
         __m512 sums[DOT_ROW_GROUP][4];
         for (int i = 0; i < rows; i++)
             for (int k = 0; k < 4; k++) sums[i][k] = _mm512_setzero_ps();
         for (int64_t t = 0; t < seq_len; t += 2) {
-            if (b == 0 && t % 8 == 0) lookahead_step(ahead);
-            if (b == 0) prefetch_rows(values, offsets, t + DOT_PREFETCH_ROWS, 2, seq_len, d);
-            const uint16_t *row = values + offsets[t] + b;
-            const uint16_t *next = t + 1 < seq_len ? values + offsets[t + 1] + b : past_context;
-            const __m512i a0 = _mm512_loadu_si512(row), a1 = _mm512_loadu_si512(row + 32);
-            const __m512i b0 = _mm512_loadu_si512(next), b1 = _mm512_loadu_si512(next + 32);
-            const __m512bh v[4] = {
-                (__m512bh)_mm512_unpacklo_epi16(a0, b0), (__m512bh)_mm512_unpackhi_epi16(a0, b0),
-                (__m512bh)_mm512_unpacklo_epi16(a1, b1), (__m512bh)_mm512_unpackhi_epi16(a1, b1)};
+            if (from_cache && b == 0) {
+                if (t % 8 == 0) lookahead_step(src->ahead);
+                prefetch_rows(src->values, src->offsets, t + DOT_PREFETCH_ROWS, 2, seq_len, d);
+            }
+            __m512bh v[4];
+            load_value_pairs(v, src, from_cache, t, seq_len, b, d);
             for (int i = 0; i < rows; i++) {
                 int32_t w;
-                memcpy(&w, weights + (r0 + i) * stride + t / 2, 4);
+                memcpy(&w, weights + t / 2 * pair_step + (r0 + i) * row_step, 4);
                 const __m512bh wp = (__m512bh)_mm512_set1_epi32(w);
                 for (int k = 0; k < 4; k++) sums[i][k] = _mm512_dpbf16_ps(sums[i][k], wp, v[k]);
             }
@@ -338,19 +317,20 @@ static inline __attribute__((always_inline)) void dot_weigh_group_cached(
     }
 }
 
-/* dot_weigh for rows laid out as dot_round_rows leaves them (pair_step 1, row_step stride),
- * the values read from the cache (dot_weigh_group_cached). */
-static void dot_weigh_cached(float *acc, const float *weights, int64_t stride, int64_t n,
-                             int64_t seq_len, int64_t d, const void *v_cache,
-                             const int64_t *offsets, lookahead *ahead) {
-    const uint16_t *values = (const uint16_t *)v_cache;
-    for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP) {
+/* acc[i * d + c] = sum over keys of row i's bf16 weight times value [c], for rows i < n: the
+ * weights of row i, keys 2k and 2k + 1, are the 32-bit word k * pair_step + i * row_step of
+ * `weights`; the values as `src` says (value_pairs). */
+static void dot_weigh(float *acc, const float *weights, int64_t pair_step, int64_t row_step,
+                      int64_t n, int64_t seq_len, int64_t d, value_pairs src) {
+    const int from_cache = src.interleaved == NULL;
+    for (int64_t r0 = 0; r0 < n; r0 += DOT_ROW_GROUP, src.ahead = NULL) { /* one pass's steps */
         const int64_t rows = n - r0 < DOT_ROW_GROUP ? n - r0 : DOT_ROW_GROUP;
-        lookahead *steps = r0 == 0 ? ahead : NULL; /* one pass's steps */
-#define WEIGH_GROUP(R)                                                                   \
-    case R:                                                                              \
-        dot_weigh_group_cached(acc, weights, stride, r0, R, seq_len, d, values, offsets, \
-                               steps);                                                   \
+#define WEIGH_GROUP(R)                                                                         \
+    case R:                                                                                    \
+        if (from_cache)                                                                        \
+            dot_weigh_group(acc, weights, pair_step, row_step, r0, R, seq_len, d, &src, 1);    \
+        else                                                                                   \
+            dot_weigh_group(acc, weights, pair_step, row_step, r0, R, seq_len, d, &src, 0);    \
         break;
         switch (rows) {
             WEIGH_GROUP(1) WEIGH_GROUP(2) WEIGH_GROUP(3) WEIGH_GROUP(4) WEIGH_GROUP(5)
@@ -396,7 +376,7 @@ static void dot_attend_rows(float *acc, float *inv_sum, const uint16_t *const *q
     dot_scores(scratch, query_rows, n, k_cache, v_cache, offsets, keys, d, scale, next_head,
                ahead);
     dot_softmax(scratch, last, n, keys, inv_sum);
-    dot_weigh(acc, scratch, DOT_LANES, 1, n, keys, d, interleaved);
+    dot_weigh(acc, scratch, DOT_LANES, 1, n, keys, d, (value_pairs){interleaved, NULL, NULL, NULL});
 }
 
 #endif

@@ -362,7 +362,8 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
                               k_cache, v_cache, offsets, seq_len, d, scale, next_head, ahead);
             softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
             dot_round_rows(scores, stride, rows, seq_len);
-            dot_weigh_cached(acc, scores, stride, rows, seq_len, d, v_cache, offsets, ahead);
+            dot_weigh(acc, scores, 1, stride, rows, seq_len, d,
+                      (value_pairs){NULL, (const uint16_t *)v_cache, offsets, ahead});
         }
     } else
 #endif
