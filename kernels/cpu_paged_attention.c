@@ -119,6 +119,8 @@ static inline v8f sum_lanes8(const v8f a[8]) {
 
 DEFINE_EXP_NONPOSITIVE(exp8_nonpositive, v8f, v8i) /* cpu_exp.h, 8 lanes */
 
+#include "cpu_attention_f32_lanes.h" /* uses v8f, load8, store8, exp8_nonpositive */
+
 /* offsets[t]: where token t's row for `kv_head` starts in either cache, in elements. */
 static void row_offsets(int64_t *offsets, const int32_t *table, int64_t seq_len,
                         int64_t block_size, int64_t cache_row, int64_t kv_head, int64_t d) {
@@ -284,20 +286,66 @@ static inline int on_dot_path(int64_t d, int is_bf16) {
 #endif
 }
 
-/* Whether a pair's rows go through the bf16 dot path's lanes (dot_attend_rows). */
-static inline int in_dot_lanes(int64_t rows, int64_t d, int is_bf16) {
+#define LANES 16 /* rows a block on either path's lanes: DOT_LANES, F32_LANES */
+
+/* Whether a pair's rows (num_new new tokens, `group` query heads a KV head) go through lanes:
+ * the bf16 dot path's (dot_attend_rows), or a float32 prompt chunk's (f32_attend_rows). */
+static inline int on_lanes(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
+    if (!is_bf16) return num_new >= F32_LANES_MIN_NEW && f32_lanes_support(d);
 #ifdef __AVX512BF16__
-    return on_dot_path(d, is_bf16) && rows >= DOT_MIN_ROWS;
+    return on_dot_path(d, is_bf16) && num_new * group >= DOT_MIN_ROWS;
 #else
-    (void)rows;
-    return on_dot_path(d, is_bf16); /* 0: no dot path in this build */
+    (void)group;
+    return 0; /* no dot path in this build */
 #endif
 }
 
-/* Rows of scores a pair's scratch holds: all its rows by row, or 16 rows per key on the bf16
- * dot path's lanes (a block of 16 rows at a time, however long the chunk). */
-static inline int64_t score_rows(int64_t rows, int64_t d, int is_bf16) {
-    return in_dot_lanes(rows, d, is_bf16) ? 16 : rows;
+/* Rows of scores a pair's scratch holds: all its rows by row, or LANES rows per key on lanes
+ * (a block of LANES rows at a time, however long the chunk). */
+static inline int64_t score_rows(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
+    return on_lanes(num_new, group, d, is_bf16) ? LANES : num_new * group;
+}
+
+/* query_rows[i] and last[i] for rows r0 + i (i < n) of one (sequence, KV head) whose new
+ * tokens are q's rows from first_row: row (j, g) is new token j's query head
+ * kv_head * group + g, and sees the keys up to seq_len - num_new + j. */
+static void lane_rows(const void **query_rows, int64_t *last, const void *q, int64_t q_row_stride,
+                      int64_t first_row, int64_t r0, int64_t n, int64_t kv_head, int64_t group,
+                      int64_t seq_len, int64_t num_new, int64_t d, int64_t elem) {
+    for (int64_t i = 0; i < n; i++) {
+        const int64_t j = (r0 + i) / group, head = kv_head * group + (r0 + i) % group;
+        query_rows[i] = (const char *)q + ((first_row + j) * q_row_stride + head * d) * elem;
+        last[i] = seq_len - num_new + j;
+    }
+}
+
+/* Rows [0, rows) of one (sequence, KV head) through lanes, LANES at a time: acc[r * d ...]
+ * gets row r's unnormalized output, inv_sum[r] its normalizer. query_rows and last as
+ * lane_rows leaves them; interleaved: the bf16 dot path's value pairs (else unused);
+ * next_head and ahead as dot_scores takes them (the float32 lanes fetch neither). scratch:
+ * LANES * seq_len floats. */
+static void attend_lanes(float *acc, float *inv_sum, const void **query_rows, const int64_t *last,
+                         int64_t rows, const void *k_cache, const void *v_cache,
+                         const int64_t *offsets, int64_t seq_len, int64_t d, float scale,
+                         int is_bf16, const void *interleaved, int64_t next_head,
+                         lookahead *ahead, float *scratch) {
+    for (int64_t r0 = 0; r0 < rows; r0 += LANES) {
+        const int64_t n = rows - r0 < LANES ? rows - r0 : LANES;
+#ifdef __AVX512BF16__
+        if (is_bf16) {
+            dot_attend_rows(acc + r0 * d, inv_sum + r0, (const uint16_t *const *)query_rows + r0,
+                            last + r0, n, k_cache, v_cache, offsets, seq_len, d, scale,
+                            (const __m512i *)interleaved, r0 == 0 ? next_head : 0, ahead,
+                            scratch);
+            continue;
+        }
+#else
+        (void)is_bf16, (void)interleaved, (void)next_head, (void)ahead, (void)seq_len;
+#endif
+        f32_attend_rows(acc + r0 * d, inv_sum + r0, (const float *const *)query_rows + r0,
+                        last + r0, n, (const float *)k_cache, (const float *)v_cache, offsets, d,
+                        scale, scratch);
+    }
 }
 
 /* One (sequence, KV head) pair: rows = num_new * group query rows; row (j, g) is new token j's
@@ -322,52 +370,48 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     const int64_t cache_row = num_kv_heads * d; /* elements between tokens in a block */
     const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
     float *scores = scratch;
-    float *acc = scores + score_rows(rows, d, is_bf16) * stride;
+    float *acc = scores + score_rows(num_new, group, d, is_bf16) * stride;
     float *queries = acc + rows * d;
     float *tile = queries + rows * d;
     float *inv_sum = tile + TILE * d;
     float *rows_f = inv_sum + rows + (rows & 1);
     int64_t *offsets = (int64_t *)(rows_f + seq_len * d); /* 8-byte aligned: d % 8 == 0 */
+    const void **query_rows = (const void **)(offsets + 2 * seq_len);
+    int64_t *last = (int64_t *)(query_rows + rows);
 
-    for (int64_t j = 0; j < num_new; j++)
-        for (int64_t g = 0; g < group; g++) {
-            const char *src = (const char *)q +
-                              ((first_row + j) * q_row_stride + (kv_head * group + g) * d) * elem;
-            widen_row(queries + (j * group + g) * d, src, d, is_bf16);
-        }
     row_offsets(offsets, table, seq_len, block_size, cache_row, kv_head, d);
     if (whole_sequence && kv_head == 0 && !warm)
         warm_sequence(k_cache, v_cache, offsets, seq_len, cache_row * elem, elem);
+    const int lanes = on_lanes(num_new, group, d, is_bf16);
+    if (lanes || on_dot_path(d, is_bf16))
+        lane_rows(query_rows, last, q, q_row_stride, first_row, 0, rows, kv_head, group, seq_len,
+                  num_new, d, elem);
 #ifdef __AVX512BF16__
-    if (on_dot_path(d, is_bf16)) {
-        const int next_head_follows = whole_sequence && kv_head + 1 < num_kv_heads;
-        const uint16_t **query_rows = (const uint16_t **)(offsets + 2 * seq_len);
-        int64_t *last = (int64_t *)(query_rows + rows);
-        for (int64_t r = 0; r < rows; r++) {
-            const int64_t j = r / group, head = kv_head * group + r % group;
-            query_rows[r] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
-            last[r] = seq_len - num_new + j;
-        }
-        const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
-        if (in_dot_lanes(rows, d, is_bf16)) {
-            interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d,
-                                  ahead);
-            for (int64_t r0 = 0; r0 < rows; r0 += DOT_LANES)
-                dot_attend_rows(acc + r0 * d, inv_sum + r0, query_rows + r0, last + r0,
-                                rows - r0 < DOT_LANES ? rows - r0 : DOT_LANES, k_cache, v_cache,
-                                offsets, seq_len, d, scale, (const __m512i *)rows_f,
-                                r0 == 0 ? next_head : 0, ahead, scores);
-        } else { /* a decode's few rows would leave most lanes empty: by row */
-            dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows,
-                              k_cache, v_cache, offsets, seq_len, d, scale, next_head, ahead);
-            softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
-            dot_round_rows(scores, stride, rows, seq_len);
-            dot_weigh(acc, scores, 1, stride, rows, seq_len, d,
-                      (value_pairs){NULL, (const uint16_t *)v_cache, offsets, ahead});
-        }
+    const int next_head_follows = whole_sequence && kv_head + 1 < num_kv_heads;
+    const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
+    if (lanes && is_bf16)
+        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d, ahead);
+    if (!lanes && on_dot_path(d, is_bf16)) { /* a decode's few rows would leave most lanes
+                                                empty: by row */
+        dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows, k_cache,
+                          v_cache, offsets, seq_len, d, scale, next_head, ahead);
+        softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
+        dot_round_rows(scores, stride, rows, seq_len);
+        dot_weigh(acc, scores, 1, stride, rows, seq_len, d,
+                  (value_pairs){NULL, (const uint16_t *)v_cache, offsets, ahead});
     } else
+#else
+    const int64_t next_head = 0;
 #endif
-    {
+        if (lanes) {
+        attend_lanes(acc, inv_sum, query_rows, last, rows, k_cache, v_cache, offsets, seq_len, d,
+                     scale, is_bf16, rows_f, next_head, ahead, scores);
+    } else {
+        for (int64_t r = 0; r < rows; r++)
+            widen_row(queries + r * d,
+                      (const char *)q + ((first_row + r / group) * q_row_stride +
+                                         (kv_head * group + r % group) * d) * elem,
+                      d, is_bf16);
         score_keys(scores, stride, queries, rows, k_cache, v_cache, offsets, seq_len, d, scale,
                    is_bf16, tile, ahead);
         softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
@@ -383,68 +427,60 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
 
 #define UNITS_PER_THREAD 4 /* a split chunk: units of about work / (threads * this) */
 
-/* Rows of a chunk's (sequence, KV head) a unit of split work takes, in whole DOT_LANES-row
- * blocks: 0 where the sequence stays whole (not on the bf16 dot path's lanes, one block, or
- * its work, rows * seq_len * num_kv_heads, within a unit's). */
-static inline int64_t rows_per_unit(int64_t rows, int64_t seq_len, int64_t num_kv_heads,
-                                    int64_t d, int is_bf16, int64_t work, int64_t threads) {
-#ifdef __AVX512BF16__
+/* Rows of a chunk's (sequence, KV head) a unit of split work takes, in whole LANES-row
+ * blocks: 0 where the sequence stays whole (not on lanes, one block, or its work,
+ * rows * seq_len * num_kv_heads, within a unit's). */
+static inline int64_t rows_per_unit(int64_t num_new, int64_t group, int64_t seq_len,
+                                    int64_t num_kv_heads, int64_t d, int is_bf16, int64_t work,
+                                    int64_t threads) {
+    const int64_t rows = num_new * group;
     const int64_t unit_work = work / (UNITS_PER_THREAD * threads);
-    if (!in_dot_lanes(rows, d, is_bf16) || rows <= DOT_LANES ||
+    if (!on_lanes(num_new, group, d, is_bf16) || rows <= LANES ||
         rows * seq_len * num_kv_heads <= unit_work)
         return 0;
-    const int64_t blocks = (unit_work + DOT_LANES * seq_len - 1) / (DOT_LANES * seq_len);
-    return (blocks > 0 ? blocks : 1) * DOT_LANES;
-#else
-    (void)rows, (void)seq_len, (void)num_kv_heads, (void)d, (void)is_bf16, (void)work,
-        (void)threads;
-    return 0; /* no dot path in this build */
-#endif
+    const int64_t blocks = (unit_work + LANES * seq_len - 1) / (LANES * seq_len);
+    return (blocks > 0 ? blocks : 1) * LANES;
 }
 
-#ifdef __AVX512BF16__
-/* Rows [r_begin, r_end) of one (sequence, KV head) of a chunk on the bf16 dot path's lanes,
- * DOT_LANES at a time, as a unit of their own: a long prompt's rows are shared between
- * threads. Taken whole, the longest prompt of a prefill step kept one thread busy while the
- * other waited (a 300- and a 200-token prompt: the other thread spun 44% of the call).
- * Fetches this KV head's rows the rows see first (as warm_sequence does a whole sequence's:
- * without it, a step of six ~88-token prompts split by KV head took 0.8x), and reads no
- * others. scratch as attend_pair's. */
+/* Rows [r_begin, r_end) of one (sequence, KV head) of a chunk on lanes, as a unit of their
+ * own: a long prompt's rows are shared between threads. Taken whole, the longest prompt of a
+ * prefill step kept one thread busy while the other waited (bf16, a 300- and a 200-token
+ * prompt: the other thread spun 44% of the call). Fetches this KV head's rows the rows see
+ * first (as warm_sequence does a whole sequence's: without it, a bf16 step of six ~88-token
+ * prompts split by KV head took 0.8x), and reads no others. scratch as attend_pair's (it
+ * needs less: LANES rows of scores, r_end - r_begin <= the chunk's rows). */
 static void attend_rows(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                         const void *v_cache, const int32_t *table, int64_t seq_len,
                         int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
                         int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
-                        int64_t r_begin, int64_t r_end, float *scratch) {
-    const int64_t group = num_heads / num_kv_heads;
+                        int is_bf16, int64_t r_begin, int64_t r_end, float *scratch) {
+    const int64_t group = num_heads / num_kv_heads, rows = r_end - r_begin;
+    const int64_t elem = is_bf16 ? 2 : 4;
     const int64_t keys = seq_len - num_new + (r_end - 1) / group + 1; /* the last row's */
     const int64_t stride = (seq_len + TILE - 1) / TILE * TILE;
     float *scores = scratch;
-    float *acc = scores + DOT_LANES * stride;
-    float *inv_sum = acc + DOT_LANES * d;
-    float *rows_f = inv_sum + DOT_LANES;
+    float *acc = scores + LANES * stride;
+    float *inv_sum = acc + rows * d;
+    float *rows_f = inv_sum + rows + (rows & 1);
     int64_t *offsets = (int64_t *)(rows_f + seq_len * d); /* 8-byte aligned: d % 8 == 0 */
-    const uint16_t **query_rows = (const uint16_t **)(offsets + seq_len);
-    int64_t *last = (int64_t *)(query_rows + DOT_LANES);
+    const void **query_rows = (const void **)(offsets + seq_len);
+    int64_t *last = (int64_t *)(query_rows + rows);
     row_offsets(offsets, table, keys, block_size, num_kv_heads * d, kv_head, d);
-    warm_sequence(k_cache, v_cache, offsets, keys, d * 2, 2); /* this KV head's rows */
-    interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, keys, d, NULL);
-    for (int64_t r0 = r_begin; r0 < r_end; r0 += DOT_LANES) {
-        const int64_t n = r_end - r0 < DOT_LANES ? r_end - r0 : DOT_LANES;
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t j = (r0 + i) / group, head = kv_head * group + (r0 + i) % group;
-            query_rows[i] = (const uint16_t *)q + (first_row + j) * q_row_stride + head * d;
-            last[i] = seq_len - num_new + j;
-        }
-        dot_attend_rows(acc, inv_sum, query_rows, last, n, k_cache, v_cache, offsets, keys, d,
-                        scale, (const __m512i *)rows_f, 0, NULL, scores);
-        for (int64_t i = 0; i < n; i++) {
-            const int64_t j = (r0 + i) / group, head = kv_head * group + (r0 + i) % group;
-            char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * 2;
-            store_row(dst, acc + i * d, inv_sum[i], d, 1);
-        }
+    warm_sequence(k_cache, v_cache, offsets, keys, d * elem, elem); /* this KV head's rows */
+#ifdef __AVX512BF16__
+    if (is_bf16)
+        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, keys, d, NULL);
+#endif
+    lane_rows(query_rows, last, q, q_row_stride, first_row, r_begin, rows, kv_head, group,
+              seq_len, num_new, d, elem);
+    attend_lanes(acc, inv_sum, query_rows, last, rows, k_cache, v_cache, offsets, keys, d, scale,
+                 is_bf16, rows_f, 0, NULL, scores);
+    for (int64_t i = 0; i < rows; i++) {
+        const int64_t j = (r_begin + i) / group, head = kv_head * group + (r_begin + i) % group;
+        char *dst = (char *)out + ((first_row + j) * num_heads + head) * d * elem;
+        store_row(dst, acc + i * d, inv_sum[i], d, is_bf16);
     }
 }
-#endif
 
 /* The whole sequences this thread claims from `claimed` (shared by the team), one at a time,
  * each claimed before the last is attended so that its rows are fetched during the last
@@ -498,9 +534,9 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
     int64_t most = 0; /* the largest scratch any pair needs */
     for (int64_t i = 0; i < num_seqs; i++) {
         const int64_t s = seqs[i];
-        const int64_t rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
+        const int64_t num_new = query_start[s + 1] - query_start[s], rows = num_new * group;
         const int64_t stride = (seq_lens[s] + TILE - 1) / TILE * TILE;
-        const int64_t need = score_rows(rows, head_dim, is_bf16) * stride + 2 * rows * head_dim +
+        const int64_t need = score_rows(num_new, group, head_dim, is_bf16) * stride + 2 * rows * head_dim +
                              TILE * head_dim + rows + 1 + (int64_t)seq_lens[s] * head_dim +
                              4 * (int64_t)seq_lens[s] + 4 * rows;
         most = need > most ? need : most;
@@ -512,16 +548,17 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         work += (int64_t)(query_start[s + 1] - query_start[s]) * group * seq_lens[s];
     }
     work *= num_kv_heads;
-    /* A chunk on the bf16 dot path whose work is more than a unit's goes to threads in units
+    /* A chunk on lanes whose work is more than a unit's goes to threads in units
      * of rows (rows_per_unit; the last rows, which see the most keys, first); the other
      * sequences whole, unless there are fewer than threads: then (sequence, KV head) pairs.
      * The split changes no result. */
     const int64_t threads = omp_get_max_threads();
     int64_t num_units = 0, num_whole = 0;
     for (int64_t i = 0; i < num_seqs; i++) {
-        const int64_t s = seqs[i], rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
-        const int64_t per_unit =
-            rows_per_unit(rows, seq_lens[s], num_kv_heads, head_dim, is_bf16, work, threads);
+        const int64_t s = seqs[i], num_new = query_start[s + 1] - query_start[s];
+        const int64_t rows = num_new * group;
+        const int64_t per_unit = rows_per_unit(num_new, group, seq_lens[s], num_kv_heads,
+                                               head_dim, is_bf16, work, threads);
         if (per_unit)
             num_units += (rows + per_unit - 1) / per_unit * num_kv_heads;
         else
@@ -535,9 +572,10 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         return -1;
     }
     for (int64_t i = 0, u = 0, w = 0; i < num_seqs; i++) {
-        const int64_t s = seqs[i], rows = (int64_t)(query_start[s + 1] - query_start[s]) * group;
-        const int64_t per_unit =
-            rows_per_unit(rows, seq_lens[s], num_kv_heads, head_dim, is_bf16, work, threads);
+        const int64_t s = seqs[i], num_new = query_start[s + 1] - query_start[s];
+        const int64_t rows = num_new * group;
+        const int64_t per_unit = rows_per_unit(num_new, group, seq_lens[s], num_kv_heads,
+                                               head_dim, is_bf16, work, threads);
         if (!per_unit) {
             whole[w++] = (int32_t)s;
             continue;
@@ -560,7 +598,6 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
 #pragma omp atomic write
             failed = 1;
         }
-#ifdef __AVX512BF16__
 #pragma omp for schedule(dynamic, 1) nowait
         for (int64_t u = 0; u < num_units; u++) {
             const int64_t s = units[4 * u];
@@ -568,9 +605,8 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
                 attend_rows(out, q, q_row_stride, k_cache, v_cache, block_tables + s * max_blocks,
                             seq_lens[s], query_start[s], query_start[s + 1] - query_start[s],
                             units[4 * u + 1], num_heads, num_kv_heads, head_dim, block_size,
-                            scale, units[4 * u + 2], units[4 * u + 3], scratch);
+                            scale, is_bf16, units[4 * u + 2], units[4 * u + 3], scratch);
         }
-#endif
         if (by_pair) {
 #pragma omp for schedule(dynamic, 1)
             for (int64_t u = 0; u < num_whole * num_kv_heads; u++) {
@@ -597,3 +633,10 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
 /* 1 if this build scores bf16 caches of heads of head_dim with vdpbf16ps (built for a CPU
  * with AVX512-BF16, and head_dim one cpu_attention_bf16_dot.h serves). */
 int paged_attention_uses_bf16_dot(int64_t head_dim) { return on_dot_path(head_dim, 1); }
+
+/* 1 if this build attends chunks of any length of a cache of this dtype and head_dim on lanes
+ * (the bf16 dot path's, or the float32 ones of cpu_attention_f32_lanes.h), so that no chunk
+ * needs SDPA. */
+int paged_attention_takes_any_chunk(int64_t head_dim, int is_bf16) {
+    return is_bf16 ? on_dot_path(head_dim, 1) : f32_lanes_support(head_dim);
+}

@@ -43,7 +43,9 @@ KERNEL = cpu_build.CKernel(
     source="cpu_paged_attention.c",
     switch="PAGEDSERVE_CPU_ATTENTION_KERNEL",
     what="CPU paged attention kernel",
-    functions=("paged_attention", "paged_attention_uses_bf16_dot"),
+    functions=(
+        "paged_attention", "paged_attention_uses_bf16_dot", "paged_attention_takes_any_chunk"
+    ),
     flags=extra_flags,
 )
 SOURCE = KERNEL.path
@@ -62,21 +64,29 @@ def uses_bf16_dot(head_dim: int = 64) -> bool:
     return library is not None and bool(library.paged_attention_uses_bf16_dot(head_dim))
 
 
-# The most new tokens of one sequence the float32-widening kernel attends; longer chunks go
-# through SDPA. One chunk, AVX2 fp32, 2 threads, 100 cached tokens: the kernel is 2.4x SDPA's
-# time at 2 new tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products,
+# The most new tokens of one sequence the kernel attends where it has no lanes for longer
+# chunks (a bf16 cache without AVX512-BF16, head_dim past the lanes'); longer chunks go through
+# SDPA. One chunk, AVX2 fp32, 2 threads, 100 cached tokens, scored by row: the kernel is 2.4x
+# SDPA's time at 2 new tokens, 1.4x at 16, even at 32, 0.5x at 64 (its scores are dot products,
 # SDPA's a GEMM).
 SHORT_QUERY_LEN = 16
 
 
+def takes_any_chunk(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether the loaded kernel attends chunks of any length of this dtype and head_dim: on
+    the `vdpbf16ps` path's lanes (bf16, head_dim a multiple of 64 up to 256), or a float32
+    chunk of more than SHORT_QUERY_LEN tokens on float32 lanes (head_dim a multiple of 8 up to
+    256), both several times faster than SDPA on a prompt."""
+    library = load()
+    return library is not None and bool(
+        library.paged_attention_takes_any_chunk(head_dim, int(dtype == torch.bfloat16))
+    )
+
+
 def max_query_len(dtype: torch.dtype, head_dim: int) -> int | None:
     """The longest chunk (new tokens of one sequence) worth attending with this kernel rather
-    than SDPA; None: any. From ~32 new tokens a GEMM beats the float32 dot products, but the
-    `vdpbf16ps` path (bf16, head_dim a multiple of 64 up to 256) attends a bf16 prompt of 300
-    tokens several times faster than SDPA."""
-    if dtype == torch.bfloat16 and uses_bf16_dot(head_dim):
-        return None
-    return SHORT_QUERY_LEN
+    than SDPA; None: any (`takes_any_chunk`)."""
+    return None if takes_any_chunk(dtype, head_dim) else SHORT_QUERY_LEN
 
 
 def supports(query: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -134,18 +134,50 @@ def test_every_claimed_sequence_is_attended_once(dtype):
     torch.testing.assert_close(out.float(), expected(case), **TOLERANCES[dtype])
 
 
-def test_a_prompt_split_between_threads_gives_the_same_bits():
-    """A chunk whose work is more than a thread's share is attended in units of rows (bf16:
-    the dot path's lanes); beside long decodes it is a small share and stays whole. Its rows
-    come out the same either way, and right."""
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompt_split_between_threads_gives_the_same_bits(dtype):
+    """A chunk whose work is more than a thread's share is attended in units of rows (on
+    lanes: bf16's dot path, float32's); beside long decodes it is a small share and stays
+    whole. Its rows come out the same either way, and right."""
     seq_lens, query_lens = [40] + [1600] * 8, [40] + [1] * 8
-    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, torch.bfloat16, seed=6)
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, dtype, seed=6)
     beside_decodes = attend(case)
     alone = poisoned_like(case.query)
     attend(case, seqs=torch.tensor([0]), out=alone)
     assert torch.equal(alone[:40], beside_decodes[:40])
     assert alone[40:].isnan().all()  # the decodes' rows were left alone
-    torch.testing.assert_close(beside_decodes.float(), expected(case), **TOLERANCES[torch.bfloat16])
+    torch.testing.assert_close(beside_decodes.float(), expected(case), **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("head_dim", [64, 40, 128])
+def test_float32_prompt_chunks_on_lanes_attend_causally(head_dim):
+    """Float32 chunks of more than 16 new tokens go through the float32 lanes: 16 rows a
+    block, weighed 6 rows at a time (every remainder of both below), 16 dimensions a pass
+    (head_dim 40: an odd multiple of 8 ends on 8), after a cached prefix or from the start;
+    beside them a 16-token chunk and decodes by row. Every row right, none outside written."""
+    seq_lens, query_lens = [17, 200, 83, 16, 300, 5], [17, 60, 83, 16, 1, 1]
+    case = make_paged_case(seq_lens, query_lens, 8, 2, head_dim, 16, torch.float32, seed=9)
+    out = poisoned_like(case.query)
+    attend(case, out=out)
+    assert not out.isnan().any()
+    torch.testing.assert_close(out, expected(case), **TOLERANCES[torch.float32])
+    grouped = make_paged_case([90], [90], 6, 1, head_dim, 8, torch.float32, seed=3)  # 540 rows
+    torch.testing.assert_close(attend(grouped), expected(grouped), **TOLERANCES[torch.float32])
+
+
+def test_a_float32_row_on_lanes_does_not_depend_on_its_neighbours():
+    """A row's sums run in the same order whatever rows share its block: the last token of a
+    chunk gets the same bits attended as the chunk's last 17 tokens or as its whole 100."""
+    case = make_paged_case([100], [100], 9, 3, 64, 16, torch.float32, seed=4)
+    whole = attend(case)
+    tail = make_paged_case([100], [17], 9, 3, 64, 16, torch.float32, seed=4)
+    assert torch.equal(tail.k_cache, case.k_cache)  # the same context, fewer new tokens
+    last = case.query[-17:].clone()
+    got = cpu_paged_attention.paged_attention(
+        last, tail.poisoned_k_cache, tail.poisoned_v_cache, tail.block_tables, tail.seq_lens,
+        tail.query_start_loc, tail.scale,
+    )  # fmt: skip
+    assert torch.equal(got, whole[-17:])
 
 
 def test_an_out_of_the_wrong_shape_is_refused():
@@ -224,9 +256,9 @@ def test_the_avx2_build_builds_and_attends(dtype, monkeypatch):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_whole_prompts_attend_causally(dtype):
-    """A bf16 prompt of any length goes through the kernel where it uses vdpbf16ps (row
-    blocks early in a prompt read only the keys they see); one or two sequences are split
-    between threads by KV head."""
+    """A prompt of any length goes through the kernel on lanes (float32's; bf16's where it uses
+    vdpbf16ps): row blocks early in a prompt read only the keys they see; one or two sequences
+    are split between threads in units of rows."""
     for seq_lens, query_lens in (([300], [300]), ([300, 57], [300, 25])):
         case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, dtype, seed=5)
         want = expected(case)
@@ -239,7 +271,9 @@ def test_whole_prompts_attend_causally(dtype):
 
 
 def test_the_longest_chunk_the_kernel_takes():
-    assert cpu_paged_attention.max_query_len(torch.float32, 64) == 16
+    assert cpu_paged_attention.max_query_len(torch.float32, 64) is None  # float32 lanes
+    assert cpu_paged_attention.max_query_len(torch.float32, 36) == 16  # not a multiple of 8
+    assert cpu_paged_attention.max_query_len(torch.float32, 264) == 16  # past the lanes' queries
     assert cpu_paged_attention.max_query_len(torch.bfloat16, 64) == (
         None if cpu_has_avx512_bf16() else 16
     )

@@ -2,7 +2,8 @@
 kernels/reference.py, which stay its test oracle.
 
 On a CPU with a C compiler, every sequence with at most `cpu_paged_attention.max_query_len`
-new tokens (decodes, short chunks: 16; any chunk for bf16 where the kernel uses `vdpbf16ps`)
+new tokens (any chunk on the kernel's lanes: float32, and bf16 where it uses `vdpbf16ps`;
+else decodes and short chunks, 16)
 is attended by one call of the C kernel `kernels/cpu_paged_attention.c`, which reads the
 paged cache in place; longer chunks keep the SDPA path below. Without the kernel (no
 compiler, `PAGEDSERVE_CPU_ATTENTION_KERNEL=0`, another device or dtype) everything takes the

@@ -71,8 +71,9 @@ from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
 from pagedserve.shared.options import switch_on
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
-# float32 products take any rows; the pass takes a float32 step whose chunks are all short
-# enough for the attention kernel (`cpu_paged_attention.max_query_len`)
+# float32 products take any rows; the pass takes a float32 step whose chunks the attention
+# kernel all takes (`cpu_paged_attention.max_query_len`: any, on its float32 lanes, where they
+# take the head)
 FP32_MAX_ROWS = 1 << 16
 
 
@@ -258,8 +259,8 @@ class CpuFusedForward:
 
     def takes_step(self, num_tokens: int, metadata: AttentionMetadata) -> bool:
         """The pass takes this step: its rows, and every sequence's new tokens in the
-        attention kernel (float32: chunks of up to `max_query_len`; longer ones are SDPA's,
-        through the modules)."""
+        attention kernel (float32: chunks of up to `max_query_len`, any where its lanes take
+        the head; longer ones are SDPA's, through the modules)."""
         if not self.takes(num_tokens):
             return False
         return bool(self.is_bf16) or not self._split(metadata).long

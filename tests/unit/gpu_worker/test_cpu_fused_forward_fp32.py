@@ -1,7 +1,8 @@
 """The CPU forward pass as one loop of C calls in float32 (`cpu_fused_forward.py`): where the
-float32 kernel holds the weights, the same bits as the module path for steps whose chunks the
-attention kernel takes (decodes, drafts, short prompts), the modules for a step with a longer
-chunk (SDPA's), and the CPU's default budget unchanged."""
+float32 kernel holds the weights, the same bits as the module path for steps of decodes,
+drafts and prompts (the attention kernel takes chunks of any length on its float32 lanes),
+the modules for a step with a chunk the kernel leaves to SDPA (a head_dim its lanes do not
+take), and the CPU's default budget unchanged."""
 
 from __future__ import annotations
 
@@ -49,14 +50,15 @@ def counting(monkeypatch, fused: CpuFusedForward) -> list[int]:
     return calls
 
 
-def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatch):
+@pytest.mark.parametrize("first_prompt", [12, 24], ids=["by-row", "lanes"])
+def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatch, first_prompt):
     model, fused = engine.runner.model, engine.runner.forward_pass
     assert isinstance(fused, CpuFusedForward) and fused.dtype == torch.float32
     calls = counting(monkeypatch, fused)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
     module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    # every chunk short enough for the attention kernel (16 new tokens in float32)
-    steps = two_steps(model.config.vocab_size, 12)
+    # a first prompt of 12 tokens is attended by row, one of 24 on the float32 lanes
+    steps = two_steps(model.config.vocab_size, first_prompt)
     with torch.inference_mode():
         ours = run_steps(fused, caches, steps)
         theirs = run_steps(model, module_caches, steps)
@@ -67,15 +69,28 @@ def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatc
         assert torch.equal(k, mk) and torch.equal(v, mv)
 
 
-def test_a_step_with_a_chunk_past_the_attention_kernels_goes_through_the_modules(
-    engine, monkeypatch
-):
+def test_a_prompt_step_goes_through_the_pass(engine, monkeypatch):
     fused = engine.runner.forward_pass
-    longest = cpu_paged_attention.max_query_len(torch.float32, 64)
-    assert longest is not None
+    assert cpu_paged_attention.max_query_len(torch.float32, 64) is None  # any chunk
     calls = counting(monkeypatch, fused)
     greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    result = engine.generate([" ".join(["word"] * 40)], greedy)[0]
+    assert len(result.token_ids) == 2
+    assert calls == [1, 1]  # the prompt's step and the decode's
+
+
+def test_a_step_with_a_chunk_the_kernel_leaves_to_sdpa_goes_through_the_modules(
+    engine, monkeypatch
+):
+    """Where the kernel has no lanes for a head (a head_dim past them), chunks of more than
+    16 tokens are SDPA's, through the modules."""
+    monkeypatch.setattr(cpu_paged_attention, "takes_any_chunk", lambda dtype, head_dim: False)
+    longest = cpu_paged_attention.max_query_len(torch.float32, 64)
+    assert longest == cpu_paged_attention.SHORT_QUERY_LEN
+    calls = counting(monkeypatch, engine.runner.forward_pass)
+    greedy = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
     prompt = " ".join(["word"] * (longest + 8))  # more tokens than the kernel's chunks
+    engine.reset_prefix_cache()
     result = engine.generate([prompt], greedy)[0]
     assert len(result.token_ids) == 2
     assert calls == [1]  # the decode step only: the prompt's was SDPA's, through the modules
