@@ -44,7 +44,9 @@ KERNEL = cpu_build.CKernel(
     switch="PAGEDSERVE_CPU_ATTENTION_KERNEL",
     what="CPU paged attention kernel",
     functions=(
-        "paged_attention", "paged_attention_uses_bf16_dot", "paged_attention_takes_any_chunk"
+        "paged_attention",
+        "paged_attention_uses_bf16_dot",
+        "paged_attention_takes_any_chunk",
     ),
     flags=extra_flags,
 )
