@@ -26,6 +26,12 @@
  * sequence, whose rows are cached already, 0.92-0.96x, 2-3 us). head_dim must be a
  * multiple of 8.
  *
+ * A prompt's chunk has many rows a (sequence, KV head), and by row each reads its whole
+ * context, visible or not: such chunks go through lanes instead, 16 rows a block, rows in the
+ * lanes of vectors, each block reading only the keys its rows see (bf16 on AVX512-BF16:
+ * cpu_attention_bf16_dot.h from 8 rows; float32: cpu_attention_f32_lanes.h from 17 new
+ * tokens), and a long one is shared between threads in units of rows (attend_rows).
+ *
  * Layouts (those of kernels/reference.py):
  *   q, out        [T, Hq, D]            q's row t at t * q_row_stride; out contiguous
  *   k/v cache     [N, BS, Hkv, D]       contiguous
