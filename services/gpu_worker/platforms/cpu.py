@@ -29,7 +29,7 @@ _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2",
 # against 323; at 16 in flight TTFT p99 667 against 753; 3 more rounds at 64 in flight
 # (`..._default_serve_ab_64_avx512bf16_2026-12-05.md`): TTFT p99 3557-3702 against 3804-4076,
 # TPOT p99 337-342 against 305-327. Elsewhere the device default, 512: AMX's pass takes 128
-# rows, and in fp32 (whose pass takes only steps of short chunks) 1024-token steps cut TTFT p99
+# rows, and in fp32 (measured when its prompts went through SDPA) 1024-token steps cut TTFT p99
 # at 64 in flight (7711 against 8486 ms) but raised TPOT p99 (1132 against 706), 0.96x / 1.01x
 # tok/s at 16 / 64 (`benchmarks/results/budget1024_fp32_serve_ab_avx2_2026-12-05.md`).
 FUSED_STEP_TOKENS = 1024

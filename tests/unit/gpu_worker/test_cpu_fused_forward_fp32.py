@@ -119,9 +119,8 @@ def test_a_slot_past_the_cache_or_a_cache_of_another_dtype_is_an_error(engine):
 
 
 def test_the_default_budget_stays_the_cpus(engine):
-    """512 tokens: the float32 pass takes steps of short chunks only (a 1024-token step is
-    prompts, SDPA's), and through the service 1024-token float32 steps traded TPOT p99 for
-    TTFT p99 (see `platforms/cpu.py`)."""
+    """512 tokens: through the service 1024-token float32 steps traded TPOT p99 for TTFT p99
+    (see `platforms/cpu.py`)."""
     fused = engine.runner.forward_pass
     assert fused.takes(1024)
     assert engine.runner.platform.default_max_num_batched_tokens(fused) == 512
