@@ -108,8 +108,8 @@ OPTIONS: dict[str, Option] = {
         Option("--tensor-parallel-size", 1, int, aliases=("-tp",)),
         Option("--max-num-seqs", 256, int, help="sequences running at once"),
         Option("--max-num-batched-tokens", None, optional_int,
-               help="tokens computed in one step; default: 512 on CPU (1024 in bf16 without AMX), "
-                    "2048 on CUDA"),
+               help="tokens computed in one step; default: 512 on CPU (1024 in bf16 without AMX, "
+                    "768 in float32 where the fused pass takes prompts), 2048 on CUDA"),
         Option("--block-size", None, optional_int,
                help="KV tokens per block; default: 8 on CPU, 16 on CUDA"),
         Option("--num-blocks", None, optional_int, help="KV blocks; default: from memory"),

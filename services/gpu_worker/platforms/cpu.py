@@ -29,10 +29,19 @@ _ONEDNN_ISAS_WITHOUT_BF16 = ("SSE41", "AVX", "AVX2", "AVX2_VNNI", "AVX2_VNNI_2",
 # against 323; at 16 in flight TTFT p99 667 against 753; 3 more rounds at 64 in flight
 # (`..._default_serve_ab_64_avx512bf16_2026-12-05.md`): TTFT p99 3557-3702 against 3804-4076,
 # TPOT p99 337-342 against 305-327. Elsewhere the device default, 512: AMX's pass takes 128
-# rows, and in fp32 (measured when its prompts went through SDPA) 1024-token steps cut TTFT p99
-# at 64 in flight (7711 against 8486 ms) but raised TPOT p99 (1132 against 706), 0.96x / 1.01x
-# tok/s at 16 / 64 (`benchmarks/results/budget1024_fp32_serve_ab_avx2_2026-12-05.md`).
+# rows, and the modules (float32 on Intel, MKL's packing) were never measured at more.
 FUSED_STEP_TOKENS = 1024
+
+# The step token budget where the fused float32 pass takes prompt steps (its attention kernel
+# takes prompts on float32 lanes). Through `pagedserve serve`, AVX2 caps, 2 threads, against
+# 512, two runs of 2 alternated rounds (`benchmarks/results/budget768_fp32_serve_ab_avx2_
+# 2026-12-06.md` and `..._again.md`): at 64 in flight TTFT p99 6808-6972 against 7482-7983 ms,
+# TPOT p99 632-636 against 613-630, 1.016x / 1.066x output tok/s; at 16 in flight 1.067x /
+# 1.014x, TTFT p99 1266-1483 against 1243-1334. 1024 against 768 (`budget1024_vs_768_...`):
+# 0.956x at 64 in flight, TTFT p99 the same (6811 against 6723). (Before the lanes, with
+# prompts through SDPA, 1024 had cut TTFT p99 at 64 in flight, 7711 against 8486 ms, but raised
+# TPOT p99, 1132 against 706: `budget1024_fp32_serve_ab_avx2_2026-12-05.md`.)
+FUSED_FP32_STEP_TOKENS = 768
 
 
 def cpu_supports_bf16() -> bool:
@@ -69,12 +78,11 @@ class CpuPlatform(BasePlatform):
         return model if fused is None else fused
 
     def default_max_num_batched_tokens(self, forward_pass: ForwardPass) -> int:
-        if (
-            isinstance(forward_pass, CpuFusedForward)
-            and forward_pass.dtype == torch.bfloat16
-            and forward_pass.takes(FUSED_STEP_TOKENS)
-        ):
-            return FUSED_STEP_TOKENS
+        if isinstance(forward_pass, CpuFusedForward):
+            if forward_pass.dtype == torch.bfloat16 and forward_pass.takes(FUSED_STEP_TOKENS):
+                return FUSED_STEP_TOKENS
+            if forward_pass.dtype == torch.float32 and forward_pass.takes_prompts():
+                return FUSED_FP32_STEP_TOKENS
         return super().default_max_num_batched_tokens(forward_pass)
 
     def num_kv_blocks(self, sizing: KVSizing) -> int:

@@ -258,6 +258,11 @@ class CpuFusedForward:
     def takes(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_rows
 
+    def takes_prompts(self) -> bool:
+        """Every chunk is the attention kernel's, however long (bf16 on the `vdpbf16ps` path,
+        float32 on its float32 lanes), so a prompt step stays in the pass."""
+        return cpu_paged_attention.max_query_len(self.dtype, self.shape.head_dim) is None
+
     def takes_step(self, num_tokens: int, metadata: AttentionMetadata) -> bool:
         """The pass takes this step: its rows, and every sequence's new tokens in the
         attention kernel (float32: chunks of up to `max_query_len`, any where its lanes take

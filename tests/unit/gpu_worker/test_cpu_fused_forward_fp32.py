@@ -2,7 +2,7 @@
 float32 kernel holds the weights, the same bits as the module path for steps of decodes,
 drafts and prompts (the attention kernel takes chunks of any length on its float32 lanes),
 the modules for a step with a chunk the kernel leaves to SDPA (a head_dim its lanes do not
-take), and the CPU's default budget unchanged."""
+take), and the CPU's default budget, 768 tokens where the pass takes prompts."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from pagedserve.kernels import cpu_paged_attention, cpu_small_sgemm
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
 from pagedserve.services.gpu_worker.platforms import cpu_prepack
+from pagedserve.services.gpu_worker.platforms.cpu import FUSED_FP32_STEP_TOKENS
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
@@ -118,13 +119,18 @@ def test_a_slot_past_the_cache_or_a_cache_of_another_dtype_is_an_error(engine):
         forward(torch.tensor([5]), torch.tensor([0]), bf16_caches, inside)
 
 
-def test_the_default_budget_stays_the_cpus(engine):
-    """512 tokens: through the service 1024-token float32 steps traded TPOT p99 for TTFT p99
-    (see `platforms/cpu.py`)."""
-    fused = engine.runner.forward_pass
-    assert fused.takes(1024)
-    assert engine.runner.platform.default_max_num_batched_tokens(fused) == 512
-    assert engine.scheduler.config.max_num_batched_tokens == 512
+def test_the_default_budget_is_768_where_the_pass_takes_prompts(engine, monkeypatch):
+    """768 tokens where the float32 pass takes prompt steps (through the service, 768-token
+    steps cut TTFT p99 at 64 in flight without costing throughput or TPOT p99; see
+    `platforms/cpu.py`); the CPU's 512 where prompts leave it for SDPA and the modules."""
+    fused, platform = engine.runner.forward_pass, engine.runner.platform
+    assert fused.takes(1024) and fused.takes_prompts()
+    assert platform.default_max_num_batched_tokens(fused) == FUSED_FP32_STEP_TOKENS == 768
+    assert engine.scheduler.config.max_num_batched_tokens == 768
+    assert platform.default_max_num_batched_tokens(engine.runner.model) == 512
+    monkeypatch.setattr(cpu_paged_attention, "takes_any_chunk", lambda dtype, head_dim: False)
+    assert not fused.takes_prompts()
+    assert platform.default_max_num_batched_tokens(fused) == 512
 
 
 def test_not_built_where_mkl_holds_the_weights(engine, monkeypatch):
