@@ -26,7 +26,8 @@ where they take the head; else up to 16 new tokens a sequence, and a step with a
 SDPA's, goes through the modules. At 16 sequences in flight, in-process, AVX2 caps, the module
 path spent ~18% of the main thread in Python and torch between kernels (while the other thread
 waited); the pass: 1.10-1.12x output tok/s. Prompt steps through the pass and the lanes, where
-they had gone through the modules and SDPA: a burst of 64 prompts 1368 -> 1162 us a token.
+they had gone through the modules and SDPA: a burst of 64 prompts 1365 -> 1175 us a token
+(`python -m benchmarks.prompt_lanes_ab`).
 
 `CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
 a CPU, neither bf16 nor float32, tensor parallel, a kernel missing, a bias, another
