@@ -10,6 +10,8 @@ import torch
 
 from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.gpu_worker.platforms import resolve_dtype
+from pagedserve.services.gpu_worker.platforms.cpu import FUSED_FP32_STEP_TOKENS
+from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.hf_reference import assert_matches_hf, hf_greedy, load_hf
@@ -169,7 +171,10 @@ def test_without_a_token_budget_the_runner_takes_its_device_default(tiny_llama_d
         return ModelRunner(tiny_llama_dir, CacheConfig(num_blocks=4), dtype="float32",
                            device="cpu", show_progress=False, **kwargs)  # fmt: skip
 
-    assert runner().max_num_batched_tokens == 512
+    default = runner()
+    forward = default.forward_pass  # float32: 768 where the fused pass takes prompt steps
+    takes_prompts = isinstance(forward, CpuFusedForward) and forward.takes_prompts()
+    assert default.max_num_batched_tokens == (FUSED_FP32_STEP_TOKENS if takes_prompts else 512)
     assert runner(max_num_batched_tokens=1024).max_num_batched_tokens == 1024
 
 
