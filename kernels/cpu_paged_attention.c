@@ -392,27 +392,28 @@ static void attend_pair(void *out, const void *q, int64_t q_row_stride, const vo
     if (lanes || on_dot_path(d, is_bf16))
         lane_rows(query_rows, last, q, q_row_stride, first_row, 0, rows, kv_head, group, seq_len,
                   num_new, d, elem);
-#ifdef __AVX512BF16__
     const int next_head_follows = whole_sequence && kv_head + 1 < num_kv_heads;
     const int64_t next_head = next_head_follows ? d : 0; /* its rows: d elements on */
-    if (lanes && is_bf16)
-        interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d, ahead);
-    if (!lanes && on_dot_path(d, is_bf16)) { /* a decode's few rows would leave most lanes
-                                                empty: by row */
+    if (lanes) {
+#ifdef __AVX512BF16__
+        if (is_bf16)
+            interleave_all_values((__m512i *)rows_f, k_cache, v_cache, offsets, seq_len, d,
+                                  ahead);
+#endif
+        attend_lanes(acc, inv_sum, query_rows, last, rows, k_cache, v_cache, offsets, seq_len, d,
+                     scale, is_bf16, rows_f, next_head, ahead, scores);
+    }
+#ifdef __AVX512BF16__
+    else if (on_dot_path(d, is_bf16)) { /* a decode's few rows would leave most lanes empty */
         dot_scores_by_row(scores, stride, (const uint16_t *const *)query_rows, rows, k_cache,
                           v_cache, offsets, seq_len, d, scale, next_head, ahead);
         softmax_rows(scores, stride, rows, seq_len - num_new, group, inv_sum);
         dot_round_rows(scores, stride, rows, seq_len);
         dot_weigh(acc, scores, 1, stride, rows, seq_len, d,
                   (value_pairs){NULL, (const uint16_t *)v_cache, offsets, ahead});
-    } else
-#else
-    const int64_t next_head = 0;
+    }
 #endif
-        if (lanes) {
-        attend_lanes(acc, inv_sum, query_rows, last, rows, k_cache, v_cache, offsets, seq_len, d,
-                     scale, is_bf16, rows_f, next_head, ahead, scores);
-    } else {
+    else {
         for (int64_t r = 0; r < rows; r++)
             widen_row(queries + r * d,
                       (const char *)q + ((first_row + r / group) * q_row_stride +
