@@ -8,7 +8,7 @@ Reports the scheduler thread's CPU per step (`/proc/self/task/<tid>/stat`) and, 
 `thread_time` around each call, its synchronous parts (the scheduler core, the ledger, the
 plan's publishing, the result's decoding, the status gauges). The rest is asyncio, redis-py
 and ZeroMQ plumbing. On the 2-core box the model shares, every CPU millisecond here is one
-the model loses (README, "Where 1.5x stands").
+the model loses (docs/PERFORMANCE_LOG.md, "Where 1.5x stands").
 
     python -m benchmarks.scheduler_loop_cpu --num-seqs 16,64 --step-ms 30 \\
       --out benchmarks/results/scheduler_loop_cpu
