@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from pagedserve.services.gpu_worker.layers.fused_moe import FusedMoE
 from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
 from pagedserve.services.gpu_worker.layers.moe_routing import Routing
+from tests.fixtures.gloo_exit import leave_together
 from tests.fixtures.tiny_models import build_tiny_model
 from tests.unit.gpu_worker.test_tensor_parallel import check_tp2_matches_hf, free_port
 
@@ -63,7 +64,7 @@ def build_layer(full: dict[str, torch.Tensor]) -> FusedMoE:
     return moe
 
 
-def _layer_worker(rank: int, port: int, queue) -> None:
+def _layer_worker(rank: int, port: int, queue, exit_barrier) -> None:
     import torch.distributed as dist
 
     from pagedserve.services.gpu_worker.parallel_state import (
@@ -89,8 +90,10 @@ def _layer_worker(rank: int, port: int, queue) -> None:
         # process, which may exit before the parent reads it
         queue.put((rank, [out.tolist() for out in outputs], counts))
         dist.barrier()
-    finally:
+    except BaseException:
         destroy_tensor_parallel()
+        raise
+    leave_together(exit_barrier, queue)  # tests/fixtures/gloo_exit.py
 
 
 @pytest.mark.slow
@@ -102,9 +105,12 @@ def test_a_moe_layer_with_a_shared_expert_all_reduces_once_at_tp2() -> None:
             for n in (1, 9)
         ]
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue, exit_barrier = ctx.Queue(), ctx.Barrier(2)
     port = free_port()
-    procs = [ctx.Process(target=_layer_worker, args=(rank, port, queue)) for rank in range(2)]
+    procs = [
+        ctx.Process(target=_layer_worker, args=(rank, port, queue, exit_barrier))
+        for rank in range(2)
+    ]
     for proc in procs:
         proc.start()
     results = dict((rank, (outs, counts)) for rank, outs, counts in

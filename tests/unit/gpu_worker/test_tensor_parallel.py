@@ -10,6 +10,7 @@ import pytest
 import torch.multiprocessing as mp
 
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
+from tests.fixtures.gloo_exit import leave_together
 from tests.fixtures.hf_reference import hf_greedy, load_hf
 from tests.fixtures.tiny_models import build_tiny_model
 
@@ -47,7 +48,9 @@ def build_plans(prompts: dict[str, list[int]], outputs: dict[str, list[int]]) ->
     return plans
 
 
-def _worker(rank: int, port: int, model_dirs: list[str], plans_per_model: list, queue) -> None:
+def _worker(
+    rank: int, port: int, model_dirs: list[str], plans_per_model: list, queue, exit_barrier
+) -> None:
     from pagedserve.services.gpu_worker.model_runner import ModelRunner
     from pagedserve.services.gpu_worker.parallel_state import (
         destroy_tensor_parallel,
@@ -70,13 +73,13 @@ def _worker(rank: int, port: int, model_dirs: list[str], plans_per_model: list, 
                 queue.put((model_dir, results))
             else:
                 assert all(r is None for r in results)
-        # Leave together: a rank that tears gloo down while its peer is still connected can
-        # abort the peer ("terminate called without an active exception", seen under load).
         import torch.distributed as dist
 
         dist.barrier()
-    finally:
+    except BaseException:
         destroy_tensor_parallel()
+        raise
+    leave_together(exit_barrier, queue)  # tests/fixtures/gloo_exit.py
 
 
 @pytest.mark.slow
@@ -102,10 +105,10 @@ def check_tp2_matches_hf(model_dirs: list[Path], prompts: dict[str, list[int]]) 
         expected[str(model_dir)] = (outputs, refs)
     dirs = [str(d) for d in model_dirs]
     ctx = mp.get_context("spawn")
-    queue = ctx.Queue()
+    queue, exit_barrier = ctx.Queue(), ctx.Barrier(2)
     port = free_port()
     procs = [
-        ctx.Process(target=_worker, args=(rank, port, dirs, plans_per_model, queue))
+        ctx.Process(target=_worker, args=(rank, port, dirs, plans_per_model, queue, exit_barrier))
         for rank in range(2)
     ]
     for proc in procs:
