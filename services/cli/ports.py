@@ -23,3 +23,15 @@ def is_port_free(port: int, host: str = "127.0.0.1") -> bool:
         except OSError:
             return False
         return True
+
+
+def free_port_run(count: int, host: str = "127.0.0.1", attempts: int = 100) -> int:
+    """The first of `count` consecutive ports that nothing listens on or holds right now (a
+    gateway per port from `--port` up, as `pagedserve serve --num-gateways` takes them). A port
+    next to a free one may be any process's outgoing connection; such runs are skipped.
+    RuntimeError after `attempts` tries."""
+    for _ in range(attempts):
+        first = free_port(host)
+        if first + count - 1 < 65536 and all(is_port_free(first + i, host) for i in range(count)):
+            return first
+    raise RuntimeError(f"no run of {count} free ports on {host} in {attempts} tries")

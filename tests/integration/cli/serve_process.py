@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 
-from pagedserve.services.cli.ports import free_port
+from pagedserve.services.cli.ports import free_port_run
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # The console script that `pip install` puts next to the interpreter: what users run.
@@ -24,7 +24,8 @@ PAGEDSERVE = str(Path(sys.executable).parent / "pagedserve")
 
 class ServeProcess:
     def __init__(self, *argv: str) -> None:
-        self.port = free_port()
+        # up to four gateways (`--num-gateways`) take the ports from here up
+        self.port = free_port_run(4)
         self.argv = [PAGEDSERVE, "serve", "--port", str(self.port), *argv]
         self.log_path = Path(tempfile.mkstemp(prefix="pagedserve-serve-", suffix=".log")[1])
         self.proc: subprocess.Popen[bytes] | None = None
