@@ -12,6 +12,7 @@ for the failed call, and the next call reaches the new primary.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 import redis
@@ -19,6 +20,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.connection import parse_url
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.sentinel import Sentinel
 
 from pagedserve.shared.config import RedisConfig
@@ -96,12 +98,54 @@ def sync_redis(target: RedisTarget, **kwargs: Any) -> redis.Redis:
     return sentinel.master_for(target.sentinel.service_name, **_primary_kwargs(target, kwargs))
 
 
+class _ClosedTransportIsConnectionError:
+    """A connection whose transport the server closed fails with `ConnectionError`.
+
+    Under uvloop (the gateway's loop: uvicorn picks it) writing to a transport that is already
+    closed raises `RuntimeError("unable to perform operation on <TCPTransport closed=True ...>;
+    the handler is closed")`, where asyncio's own loop raises an `OSError` that redis-py turns
+    into a `ConnectionError`. It happens when Redis dies, or is restarted, between a connect and
+    its first command. redis-py disconnects and lets the `RuntimeError` through, past its retry
+    and past every caller's `except RedisError`: the gateway's output reader died of it, and
+    with it every stream of that gateway (seen once in ~40 Redis kills under load)."""
+
+    async def send_packed_command(self, *args: Any, **kwargs: Any) -> None:
+        try:
+            await super().send_packed_command(*args, **kwargs)  # type: ignore[misc]
+        except RuntimeError as exc:
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise RedisConnectionError(f"Error while writing to socket: {exc}") from exc
+
+    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
+        except RuntimeError as exc:
+            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
+            raise RedisConnectionError(f"Error while reading from socket: {exc}") from exc
+
+
+@cache
+def _closed_transport_safe(connection_class: type) -> type:
+    """`connection_class` with `_ClosedTransportIsConnectionError` in front."""
+    name = f"ClosedTransportSafe{connection_class.__name__}"
+    return type(name, (_ClosedTransportIsConnectionError, connection_class), {})
+
+
+def _closed_transport_safe_client(client: aioredis.Redis) -> aioredis.Redis:
+    """`client`, its pool making `_ClosedTransportIsConnectionError` connections (set before
+    the pool makes its first connection, whichever class the URL or the sentinels chose)."""
+    pool = client.connection_pool
+    pool.connection_class = _closed_transport_safe(pool.connection_class)
+    return client
+
+
 def async_redis(target: RedisTarget, **kwargs: Any) -> aioredis.Redis:
     """An asyncio client with redis-py's default pool; `kwargs` as for `redis.asyncio.Redis`."""
     if target.sentinel is None:
-        return aioredis.Redis.from_url(target.url, **kwargs)
+        return _closed_transport_safe_client(aioredis.Redis.from_url(target.url, **kwargs))
     sentinel = AsyncSentinel(list(target.sentinel.hosts), sentinel_kwargs=_sentinel_kwargs())
-    return sentinel.master_for(target.sentinel.service_name, **_primary_kwargs(target, kwargs))
+    client = sentinel.master_for(target.sentinel.service_name, **_primary_kwargs(target, kwargs))
+    return _closed_transport_safe_client(client)
 
 
 class _BlockingSentinelPool(AsyncSentinelPool, aioredis.BlockingConnectionPool):
@@ -118,7 +162,7 @@ def async_redis_blocking_pool(
         pool = aioredis.BlockingConnectionPool.from_url(
             target.url, max_connections=max_connections, timeout=pool_timeout_s, **kwargs
         )
-        return aioredis.Redis.from_pool(pool)
+        return _closed_transport_safe_client(aioredis.Redis.from_pool(pool))
     sentinel = AsyncSentinel(list(target.sentinel.hosts), sentinel_kwargs=_sentinel_kwargs())
     pool = _BlockingSentinelPool(
         target.sentinel.service_name,
@@ -127,4 +171,4 @@ def async_redis_blocking_pool(
         timeout=pool_timeout_s,
         **_primary_kwargs(target, kwargs),
     )
-    return aioredis.Redis.from_pool(pool)
+    return _closed_transport_safe_client(aioredis.Redis.from_pool(pool))

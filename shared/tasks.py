@@ -1,9 +1,14 @@
-"""Stopping asyncio background tasks for good."""
+"""Starting asyncio background tasks that run until stopped, and stopping them for good."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+logger = logging.getLogger(__name__)
 
 RECANCEL_AFTER_S = 0.5
 
@@ -25,3 +30,17 @@ async def cancel_and_wait(tasks: list[asyncio.Task]) -> None:
         if not task.cancelled():
             with contextlib.suppress(Exception):
                 task.exception()
+
+
+def start_background(coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+    """A task for a background loop. If it dies of an exception its loop did not expect, that is
+    logged at once with the traceback, never left silent (`cancel_and_wait` collects it only at
+    shutdown): a dead loop (the gateway's output reader, say) stalls whatever waits on it."""
+    task = asyncio.create_task(coro, name=name)
+    task.add_done_callback(_log_if_died)
+    return task
+
+
+def _log_if_died(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("background task %s died", task.get_name(), exc_info=task.exception())

@@ -50,7 +50,7 @@ from pagedserve.shared.status import (
     is_engine_live,
     to_fields,
 )
-from pagedserve.shared.tasks import cancel_and_wait
+from pagedserve.shared.tasks import cancel_and_wait, start_background
 
 logger = logging.getLogger(__name__)
 
@@ -111,11 +111,11 @@ class EngineClient:
 
     async def start(self) -> None:
         self._tasks = [
-            asyncio.create_task(self._read_outputs(), name="gateway-output-reader"),
-            asyncio.create_task(self._heartbeat(), name="gateway-heartbeat"),
-            asyncio.create_task(self._watch_engines(), name="gateway-engine-watch"),
-            asyncio.create_task(self._watch_redis_restarts(), name="gateway-redis-watch"),
-            asyncio.create_task(self.status_view.run(), name="gateway-status-view"),
+            start_background(self._read_outputs(), "gateway-output-reader"),
+            start_background(self._heartbeat(), "gateway-heartbeat"),
+            start_background(self._watch_engines(), "gateway-engine-watch"),
+            start_background(self._watch_redis_restarts(), "gateway-redis-watch"),
+            start_background(self.status_view.run(), "gateway-status-view"),
         ]
 
     async def close(self) -> None:
@@ -253,8 +253,11 @@ class EngineClient:
                 answer = await self._read_after_deleting(stream, last_id, consumed)
                 consumed = []
                 backoff = 0.1
-            except RedisError as exc:
-                logger.warning("output stream read failed (%s); retrying in %.1fs", exc, backoff)
+            except Exception as exc:
+                # Every open stream of this gateway waits on this loop: it must not die of an
+                # error that is not a RedisError either (a bug, or a library's surprise).
+                log = logger.warning if isinstance(exc, RedisError) else logger.exception
+                log("output stream read failed (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue

@@ -40,7 +40,7 @@ from pagedserve.services.scheduler.watchers import (
 from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.services.scheduler.worker_recovery import recover_workers
 from pagedserve.shared.protocol import StepPlan
-from pagedserve.shared.tasks import cancel_and_wait
+from pagedserve.shared.tasks import cancel_and_wait, start_background
 
 logger = logging.getLogger(__name__)
 
@@ -100,18 +100,16 @@ class StepLoop:
 
     async def run(self) -> None:
         tasks = [
-            asyncio.create_task(self.status.report_forever(), name="engine-status"),
-            asyncio.create_task(
+            start_background(self.status.report_forever(), "engine-status"),
+            start_background(
                 watch_gateways_forever(
                     self.io, self.ledger, self.intake, self.config.gateway_check_interval_s
                 ),
-                name="gateway-watch",
+                "gateway-watch",
             ),
-            asyncio.create_task(
-                claim_abandoned_forever(self.io, self.intake, self.stopping), name="claim"
-            ),
-            asyncio.create_task(
-                self.cache_publisher.publish_forever(self.stopping), name="cache-publisher"
+            start_background(claim_abandoned_forever(self.io, self.intake, self.stopping), "claim"),
+            start_background(
+                self.cache_publisher.publish_forever(self.stopping), "cache-publisher"
             ),
         ]
         try:

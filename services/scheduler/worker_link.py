@@ -33,7 +33,7 @@ import zmq
 
 from pagedserve.services.scheduler.engine_shape import EngineShape
 from pagedserve.shared.protocol import ROLE_WORKER, Heartbeat, StepPlan, StepResult, WorkerHello
-from pagedserve.shared.tasks import cancel_and_wait
+from pagedserve.shared.tasks import cancel_and_wait, start_background
 from pagedserve.shared.transport import LoopPlanPublisher, LoopResultPuller
 
 logger = logging.getLogger(__name__)
@@ -86,8 +86,8 @@ class WorkerLink:
         self._puller = LoopResultPuller(self._context, self.result_address)
         self._puller.start_reading(self._on_message)
         self._tasks = [
-            asyncio.create_task(self._heartbeat_forever(), name="scheduler-heartbeat"),
-            asyncio.create_task(self._watch_liveness_forever(), name="worker-liveness"),
+            start_background(self._heartbeat_forever(), "scheduler-heartbeat"),
+            start_background(self._watch_liveness_forever(), "worker-liveness"),
         ]
 
     async def close(self) -> None:

@@ -1,12 +1,15 @@
 """Background tasks end even when one swallows a cancellation (redis-py can, when it lands
-mid-command), and what a task raised is collected."""
+mid-command), what a task raised is collected, and one that dies is logged at once."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 
-from pagedserve.shared.tasks import cancel_and_wait
+import pytest
+
+from pagedserve.shared.tasks import cancel_and_wait, start_background
 
 
 async def swallows_one_cancel(swallowed: list[bool]) -> None:
@@ -47,3 +50,24 @@ def test_cancel_and_wait_collects_what_a_finished_task_raised() -> None:
 
     asyncio.run(run())
     assert reported == []
+
+
+def test_a_background_task_that_dies_is_logged_at_once(caplog: pytest.LogCaptureFixture) -> None:
+    async def dies() -> None:
+        raise RuntimeError("not a RedisError")
+
+    async def run() -> list[str]:
+        died = start_background(dies(), "output-reader")
+        stopped = start_background(asyncio.sleep(60), "heartbeat")
+        await asyncio.wait({died})
+        await asyncio.sleep(0)  # done callbacks run on the next turn of the loop
+        logged = [r.getMessage() for r in caplog.records]
+        await cancel_and_wait([died, stopped])
+        return logged
+
+    with caplog.at_level(logging.ERROR):
+        logged_before_shutdown = asyncio.run(run())
+    assert logged_before_shutdown == ["background task output-reader died"]
+    record = caplog.records[0]
+    assert record.exc_info is not None and "not a RedisError" in str(record.exc_info[1])
+    assert len(caplog.records) == 1  # the cancelled one is not reported
