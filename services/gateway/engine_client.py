@@ -253,11 +253,8 @@ class EngineClient:
                 answer = await self._read_after_deleting(stream, last_id, consumed)
                 consumed = []
                 backoff = 0.1
-            except Exception as exc:
-                # Every open stream of this gateway waits on this loop: it must not die of an
-                # error that is not a RedisError either (a bug, or a library's surprise).
-                log = logger.warning if isinstance(exc, RedisError) else logger.exception
-                log("output stream read failed (%s); retrying in %.1fs", exc, backoff)
+            except Exception as exc:  # every open stream waits on this loop: it must not die
+                _log_failure(exc, "output stream read failed (%s); retrying in %.1fs", backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, MAX_BACKOFF_S)
                 continue
@@ -358,9 +355,16 @@ class EngineClient:
                     )
                     pipe.sadd(self.keys.gateways, self.gateway_id)
                     await pipe.execute()
-            except RedisError as exc:
-                logger.warning("heartbeat failed: %s", exc)
+            except Exception as exc:  # without it the engines abort this gateway's requests
+                _log_failure(exc, "heartbeat failed: %s")
             await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+
+
+def _log_failure(exc: Exception, message: str, *args: object) -> None:
+    """A RedisError is an outage, a warning; any other error a bug or a library's surprise,
+    logged with its traceback. `message` takes `exc` first, then `args`."""
+    log = logger.warning if isinstance(exc, RedisError) else logger.exception
+    log(message, exc, *args)
 
 
 def _redis_down(exc: Exception) -> APIError:

@@ -24,6 +24,7 @@ from pagedserve.services.cli.redis_launcher import (
     wait_for_redis,
 )
 from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.shared.keys import RedisKeys
 from pagedserve.shared.protocol import OutputBatch, TokenDelta, encode
 from pagedserve.shared.redis_client import RedisTarget, async_redis
 
@@ -127,3 +128,38 @@ def test_the_output_reader_lives_through_an_error_that_is_not_a_redis_error(
     assert failure and "a library's surprise" in failure[0].getMessage()
     assert failure[0].exc_info is not None  # not a RedisError: logged with its traceback
     assert not [r for r in caplog.records if "died" in r.getMessage()]
+
+
+def test_the_heartbeat_lives_through_an_error_that_is_not_a_redis_error(
+    redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Without its heartbeat a gateway counts as gone and the engines abort its requests."""
+
+    async def scenario() -> bool:
+        client = EngineClient(redis_url, "beat", "gw-beat", max_pending_requests=8)
+        key = client.keys.gateway
+        failures = ["not yet"]
+
+        class FailsOnce(RedisKeys):  # the heartbeat's first call inside its try
+            def gateway(self, gateway_id: str) -> str:
+                if failures:
+                    failures.pop()
+                    raise RuntimeError("a library's surprise")
+                return super().gateway(gateway_id)
+
+        client.keys = FailsOnce(client.keys.namespace)
+        await client.start()
+        try:
+            for _ in range(300):  # the next beat comes 2 s after the failed one
+                if await client.redis.exists(key("gw-beat")):
+                    return True
+                await asyncio.sleep(0.1)
+            return False
+        finally:
+            await client.close()
+
+    with caplog.at_level(logging.WARNING):
+        beat = asyncio.run(scenario())
+    assert beat
+    failure = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
+    assert failure and failure[0].exc_info is not None
