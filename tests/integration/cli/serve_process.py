@@ -20,6 +20,8 @@ from pagedserve.services.cli.ports import free_port_run
 REPO_ROOT = Path(__file__).resolve().parents[3]
 # The console script that `pip install` puts next to the interpreter: what users run.
 PAGEDSERVE = str(Path(sys.executable).parent / "pagedserve")
+# a line of Redis's own: its prefixed output, or its log lines serve repeats when it dies
+REDIS_LINE = re.compile(r"\s*(redis \||\d+:[CMSX] \d)")
 
 
 class ServeProcess:
@@ -47,6 +49,12 @@ class ServeProcess:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+    def services_log_tail(self, num_chars: int = 12_000) -> str:
+        """The end of the log without Redis's own lines (its start-up banner, repeated when
+        serve reports its death, fills a short tail): what a failed assertion shows."""
+        lines = [line for line in self.log().splitlines() if not REDIS_LINE.match(line)]
+        return "\n".join(lines)[-num_chars:]
 
     def wait_ready(self, timeout_s: float = 240) -> None:
         deadline = time.monotonic() + timeout_s

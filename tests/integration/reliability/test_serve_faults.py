@@ -125,7 +125,7 @@ async def streams_through_a_kill(serve: ServeProcess, victim: str) -> list[Strea
     raise AssertionError(
         f"every stream ended before the kill, {KILL_ATTEMPTS} times: "
         f"{[(r.status, r.error, r.finish_reason, len(r.pieces)) for r in results[:4]]}"
-        f"\n{serve.log()[-4000:]}"
+        f"\n{serve.services_log_tail()}"
     )
 
 
@@ -142,7 +142,8 @@ def test_serve_restarts_a_killed_child_and_no_surviving_stream_is_lost(
         for i in survivors
         if not (results[i].status == 200 and results[i].error is None and results[i].done)
     ]
-    assert lost == [], f"{len(lost)} lost after killing {victim}: {lost[:3]}\n{serve.log()[-4000:]}"
+    tail = serve.services_log_tail()
+    assert lost == [], f"{len(lost)} lost after killing {victim}: {lost[:3]}\n{tail}"
     wrong = [i for i in survivors if results[i].text != expected[i]]
     assert wrong == [], f"{len(wrong)} texts differ from the fault-free run after {victim} died"
     assert serve.proc is not None and serve.proc.poll() is None, serve.log()
