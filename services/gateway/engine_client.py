@@ -304,6 +304,9 @@ class EngineClient:
                 any_live: bool | None = any(self.is_live(s) for s in statuses)
             except RedisError:  # the output reader and submit() report Redis trouble
                 any_live = None
+            except Exception:  # a record it cannot read: blind this round, never dead
+                logger.exception("engine status read failed")
+                any_live = None
             clock.record_read(started_at, time.monotonic(), any_live)
             if self._streams and clock.num_dead_s > self.engine_loss_timeout_s:
                 message = (

@@ -23,7 +23,9 @@ from pagedserve.services.cli.redis_launcher import (
     redis_server_command,
     wait_for_redis,
 )
+from pagedserve.services.gateway import engine_client
 from pagedserve.services.gateway.engine_client import EngineClient
+from pagedserve.services.gateway.errors import ERROR_NO_LIVE_ENGINE
 from pagedserve.shared.keys import RedisKeys
 from pagedserve.shared.protocol import OutputBatch, TokenDelta, encode
 from pagedserve.shared.redis_client import RedisTarget, async_redis
@@ -163,3 +165,35 @@ def test_the_heartbeat_lives_through_an_error_that_is_not_a_redis_error(
     assert beat
     failure = [r for r in caplog.records if "heartbeat failed" in r.getMessage()]
     assert failure and failure[0].exc_info is not None
+
+
+def test_the_engine_watch_lives_through_an_error_that_is_not_a_redis_error(
+    redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without the engine watch, open streams wait forever on an engine that is gone: after a
+    read it could not make sense of, it goes on and still ends them with `no_live_engine`."""
+    monkeypatch.setattr(engine_client, "ENGINE_WATCH_INTERVAL_S", 0.2)
+
+    async def scenario() -> TokenDelta:
+        client = EngineClient(
+            redis_url, "watch", "gw-watch", max_pending_requests=8, engine_loss_timeout_s=0.5
+        )
+        read = client.engine_statuses
+        failures = ["not yet"]
+
+        async def fails_once() -> list:
+            if failures:
+                failures.pop()
+                raise ValueError("an engine status record it cannot parse")
+            return await read()  # no engine registered: none is live
+
+        client.engine_statuses = fails_once  # type: ignore[method-assign]
+        queue = client.open_stream("req-1")
+        await client.start()
+        try:
+            return await asyncio.wait_for(queue.get(), 30)
+        finally:
+            await client.close()
+
+    delta = asyncio.run(scenario())
+    assert (delta.finish_reason, delta.error_code) == ("error", ERROR_NO_LIVE_ENGINE)
