@@ -99,7 +99,7 @@ def sync_redis(target: RedisTarget, **kwargs: Any) -> redis.Redis:
 
 
 class _ClosedTransportIsConnectionError:
-    """A connection whose transport the server closed fails with `ConnectionError`.
+    """A command written to a connection whose transport is closed fails with `ConnectionError`.
 
     Under uvloop (the gateway's loop: uvicorn picks it) writing to a transport that is already
     closed raises `RuntimeError("unable to perform operation on <TCPTransport closed=True ...>;
@@ -115,13 +115,6 @@ class _ClosedTransportIsConnectionError:
         except RuntimeError as exc:
             await self.disconnect(nowait=True)  # type: ignore[attr-defined]
             raise RedisConnectionError(f"Error while writing to socket: {exc}") from exc
-
-    async def read_response(self, *args: Any, **kwargs: Any) -> Any:
-        try:
-            return await super().read_response(*args, **kwargs)  # type: ignore[misc]
-        except RuntimeError as exc:
-            await self.disconnect(nowait=True)  # type: ignore[attr-defined]
-            raise RedisConnectionError(f"Error while reading from socket: {exc}") from exc
 
 
 @cache

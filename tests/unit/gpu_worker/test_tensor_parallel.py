@@ -3,12 +3,12 @@ transformers' greedy output (the plans feed HF's tokens back, as the scheduler w
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
 import torch.multiprocessing as mp
 
+from pagedserve.services.cli.ports import free_port
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
 from tests.fixtures.gloo_exit import leave_together
 from tests.fixtures.hf_reference import hf_greedy, load_hf
@@ -16,12 +16,6 @@ from tests.fixtures.tiny_models import build_tiny_model
 
 NUM_STEPS = 6
 BLOCK_SIZE = 4
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def build_plans(prompts: dict[str, list[int]], outputs: dict[str, list[int]]) -> list[StepPlan]:
