@@ -52,7 +52,7 @@ def read_messages(body: dict[str, Any]) -> list[ChatMessage]:
         if not isinstance(message, dict):
             raise bad_request(f"`messages[{index}]` must be an object", f"messages[{index}]")
         role = message.get("role")
-        if role not in CHAT_ROLES:
+        if not isinstance(role, str) or role not in CHAT_ROLES:
             raise bad_request(
                 f"`messages[{index}].role` must be one of {sorted(CHAT_ROLES)}, got {role!r}",
                 f"messages[{index}].role",

@@ -45,7 +45,7 @@ def read_functions(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
     for index, tool in enumerate(tools):
         param = f"tools[{index}]"
         function = tool.get("function") if isinstance(tool, dict) else None
-        if tool.get("type", "function") != "function" or not isinstance(function, dict):
+        if not isinstance(function, dict) or tool.get("type", "function") != "function":
             raise bad_request(
                 f"`{param}` must be {{'type': 'function', 'function': {{...}}}}", param
             )

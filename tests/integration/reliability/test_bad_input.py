@@ -123,6 +123,11 @@ HOSTILE_CHAT = {
     "messages not a list": {"messages": "hi"},
     "empty messages": {"messages": []},
     "unknown role": {"messages": [{"role": "wizard", "content": "hi"}]},
+    "role an array": {"messages": [{"role": ["user"], "content": "hi"}]},  # was a 500
+    "a tool that is not an object": {  # was a 500
+        "messages": [{"role": "user", "content": "hi"}],
+        "tools": [None],
+    },
     "content of wrong type": {"messages": [{"role": "user", "content": 5}]},
     "image part": {"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
     "top_logprobs without logprobs": {
