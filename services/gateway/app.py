@@ -226,14 +226,9 @@ class GatewayRoutes:
         parsed = parse_chat_request(await read_json(request, self.config.max_body_bytes))
         self._check_model(parsed.model)
         admit_chat(parsed, self.config.max_seqs_per_request)
-        if parsed.chat_template is not None and not self.config.trust_request_chat_template:
-            raise bad_request(
-                "`chat_template` was sent with the request, but this server does not trust "
-                "request templates (start it with --trust-request-chat-template)",
-                "chat_template",
-            )
         self.auto_tools.check(parsed)
-        prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info)
+        trusted = self.config.trust_request_chat_template
+        prompts = await self.tokenizer_pool.run(tokenize_chat, parsed, self.info, trusted)
         max_len = self.info.max_model_len
         check_lengths(prompts, parsed.sampling, max_len, parsed.max_tokens_param, "messages")
         return await self._generate(request, "chat", parsed, prompts)
@@ -379,7 +374,10 @@ def build_app(
     `drainer`, requests are refused with 503 once it starts draining."""
     routes = GatewayRoutes(config, info, client)
     tokenize_routes = TokenizeRoutes(
-        info, lambda request: read_json(request, config.max_body_bytes), routes._check_model
+        info,
+        lambda request: read_json(request, config.max_body_bytes),
+        routes._check_model,
+        config.trust_request_chat_template,
     )
 
     @contextlib.asynccontextmanager

@@ -56,7 +56,19 @@ def tokenize_completion(request: CompletionRequest, info: TokenizerInfo) -> list
     return prompts
 
 
-def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput]:
+def tokenize_chat(
+    request: ChatRequest, info: TokenizerInfo, trust_request_template: bool = False
+) -> list[PromptInput]:
+    """The conversation rendered by the chat template and tokenized. A request's own
+    `chat_template` is rendered only where the server trusts request templates
+    (`--trust-request-chat-template`), checked here, where it would be rendered, so that no
+    route that renders a conversation (/v1/chat/completions, /tokenize) can skip it."""
+    if request.chat_template is not None and not trust_request_template:
+        raise bad_request(
+            "`chat_template` was sent with the request, but this server does not trust "
+            "request templates (start it with --trust-request-chat-template)",
+            "chat_template",
+        )
     if not getattr(info.tokenizer, "chat_template", None):
         raise bad_request("this model has no chat template: use /v1/completions", "messages")
     messages = [{"role": m.role, "content": m.content, **m.tool_fields} for m in request.messages]
@@ -68,7 +80,7 @@ def tokenize_chat(request: ChatRequest, info: TokenizerInfo) -> list[PromptInput
         }
         if request.tools is not None:
             template_kwargs["tools"] = request.tools
-        if request.chat_template is not None:  # the route checked the server trusts it
+        if request.chat_template is not None:  # trusted: checked above
             template_kwargs["chat_template"] = request.chat_template
         text = info.tokenizer.apply_chat_template(messages, tokenize=False, **template_kwargs)
     except Exception as exc:  # the template itself rejects some conversations (jinja raise)

@@ -31,11 +31,12 @@ def package_version() -> str:
         return "0.0.0+source"
 
 
-def _tokenize_body(body: Any, info: TokenizerInfo) -> dict[str, Any]:
+def _tokenize_body(body: Any, info: TokenizerInfo, trust_template: bool) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
     if "messages" in body:
-        token_ids = tokenize_chat(parse_chat_request(body), info)[0].token_ids
+        chat = parse_chat_request(body)
+        token_ids = tokenize_chat(chat, info, trust_template)[0].token_ids
     else:
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
@@ -68,12 +69,16 @@ def _detokenize_body(body: Any, info: TokenizerInfo) -> dict[str, Any]:
 
 class TokenizeRoutes:
     """Handlers sharing the gateway's tokenizer; `read_json` and `check_model` are the
-    gateway's own (body size limit, model name)."""
+    gateway's own (body size limit, model name), and so is `trust_template`
+    (`--trust-request-chat-template`: whether a request's own `chat_template` is rendered)."""
 
-    def __init__(self, info: TokenizerInfo, read_json: Any, check_model: Any) -> None:
+    def __init__(
+        self, info: TokenizerInfo, read_json: Any, check_model: Any, trust_template: bool
+    ) -> None:
         self.info = info
         self.read_json = read_json
         self.check_model = check_model
+        self.trust_template = trust_template
 
     async def _body(self, request: Request) -> Any:
         body = await self.read_json(request)
@@ -84,7 +89,8 @@ class TokenizeRoutes:
 
     async def tokenize(self, request: Request) -> Response:
         body = await self._body(request)
-        return JSONResponse(await asyncio.to_thread(_tokenize_body, body, self.info))
+        tokenized = await asyncio.to_thread(_tokenize_body, body, self.info, self.trust_template)
+        return JSONResponse(tokenized)
 
     async def detokenize(self, request: Request) -> Response:
         body = await self._body(request)

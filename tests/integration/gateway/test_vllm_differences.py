@@ -94,12 +94,18 @@ def test_max_tokens_0_is_refused_without_echo(client):
         client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=0)
 
 
-def test_a_request_chat_template_needs_a_trusting_server(client, redis_url, info):
+def test_a_request_chat_template_needs_a_trusting_server(gateway, client, redis_url, info):
+    """On /v1/chat/completions and on /tokenize, which renders messages too (it rendered a
+    request's template on any server)."""
     template = "{% for m in messages %}[{{ m['content'] }}]{% endfor %}"
     with pytest.raises(openai.BadRequestError, match="trust-request-chat-template"):
         client.chat.completions.create(
             model=MODEL_NAME, messages=ASK, extra_body={"chat_template": template}
         )
+    with gateway.client() as c:
+        refused = c.post("/tokenize", json={"messages": ASK, "chat_template": template})
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["error"]["param"] == "chat_template"
     trusting = start_gateway(redis_url, info, trust_request_chat_template=True)
     try:
         with trusting.client() as c:
@@ -107,8 +113,10 @@ def test_a_request_chat_template_needs_a_trusting_server(client, redis_url, info
                 "messages": ASK, "chat_template": template, "max_tokens": 2,
                 "return_token_ids": True,
             })  # fmt: skip
+            tokenized = c.post("/tokenize", json={"messages": ASK, "chat_template": template})
         assert answer.status_code == 200, answer.text
         assert info.tokenizer.decode(answer.json()["prompt_token_ids"]) == "[hi]"
+        assert info.tokenizer.decode(tokenized.json()["tokens"]) == "[hi]"
     finally:
         trusting.stop()
 

@@ -41,6 +41,17 @@ def test_default_max_tokens_is_16_for_completions_and_the_rest_for_chat(info):
     assert chat.sampling.max_tokens == info.max_model_len - len(prompt.token_ids)
 
 
+def test_a_request_template_is_rendered_only_where_the_server_trusts_it(info):
+    template = "{% for m in messages %}<{{ m['content'] }}>{% endfor %}"
+    body = {"messages": [{"role": "user", "content": "hi"}], "chat_template": template}
+    parsed = parse_chat_request(body)
+    with pytest.raises(APIError, match="trust-request-chat-template") as refused:
+        tokenize_chat(parsed, info)
+    assert refused.value.param == "chat_template"
+    (prompt,) = tokenize_chat(parsed, info, trust_request_template=True)
+    assert info.tokenizer.decode(prompt.token_ids) == "<hi>"
+
+
 def test_max_tokens_0_is_refused_but_with_echo(info):
     with pytest.raises(APIError, match="at least 1"):
         build(info, max_tokens=0)
