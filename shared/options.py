@@ -21,6 +21,7 @@ from pagedserve.shared.config import (
     DEFAULT_NAMESPACE,
     DEFAULT_SPECULATIVE_MAX_NUM_SEQS,
 )
+from pagedserve.shared.status import FINISHED_REQUEST_STATUS_TTL_S
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("0", "false", "no", "off")
@@ -140,6 +141,9 @@ OPTIONS: dict[str, Option] = {
         Option("--drain-timeout", 5.0, float),
         Option("--worker-recovery-timeout", 60.0, float,
                help="seconds without workers after which unfinished requests are failed"),
+        Option("--finished-request-ttl", FINISHED_REQUEST_STATUS_TTL_S, int,
+               help="seconds a finished request's status record stays in Redis "
+                    "(`pagedserve queue show ID`)"),
         # the worker
         Option("--rank", 0, int),
         Option("--device", "auto", choices=("auto", "cpu", "cuda")),

@@ -1,7 +1,8 @@
 """Status records kept in Redis hashes, readable with plain `redis-cli HGETALL`.
 
 `EngineStatus` lives at `RedisKeys.engine(engine_id)` (refreshed every heartbeat, with a TTL);
-`RequestStatus` at `RedisKeys.request(request_id)` (kept a while after the request finishes).
+`RequestStatus` at `RedisKeys.request(request_id)` (kept `REQUEST_STATUS_TTL_S` while it is open,
+`--finished-request-ttl` seconds once it finished).
 Fields are plain strings and numbers, not msgpack, so that people can read them.
 """
 
@@ -16,7 +17,11 @@ T = TypeVar("T")
 ENGINE_STATUS_TTL_S = 15  # an engine whose status is older than this is taken for dead
 STATUS_INTERVAL_S = 1.0  # a scheduler writes its whole record (counters included) this often
 GATEWAY_HEARTBEAT_TTL_S = 10  # a gateway whose heartbeat key expired is taken for dead
-REQUEST_STATUS_TTL_S = 24 * 3600
+REQUEST_STATUS_TTL_S = 24 * 3600  # an open request's record: it may wait long in a queue
+# a finished one's, by default (`--finished-request-ttl`): ~530 bytes each in Redis, so a day's
+# worth at 100 requests a second would be 4.6 GB
+FINISHED_REQUEST_STATUS_TTL_S = 600
+FINAL_STATES = frozenset({"finished", "aborted", "failed"})
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pagedserve.services.cli.supervisor import ChildSpec
 from pagedserve.shared.config import DEFAULT_SPECULATIVE_MAX_NUM_SEQS
 from pagedserve.shared.options import option_argv
+from pagedserve.shared.status import FINISHED_REQUEST_STATUS_TTL_S
 from pagedserve.shared.transport import ipc_address
 
 LOOPBACK = "127.0.0.1"
@@ -55,6 +56,7 @@ class ServeOptions:
     engine_loss_timeout: float = SERVE_ENGINE_WAIT_S
     worker_recovery_timeout: float = SERVE_ENGINE_WAIT_S
     step_timeout: float = 60.0
+    finished_request_ttl: int = FINISHED_REQUEST_STATUS_TTL_S  # seconds, the scheduler's
     routing: str = "cache"  # the gateways' (services/gateway/router.py)
     # the gateways' limits on what one request or client may cost (shared/options.py)
     max_body_bytes: int = 8 * 1024 * 1024
@@ -131,6 +133,7 @@ def scheduler_spec(
         "kv_cache_metrics_sample": options.kv_cache_metrics_sample,
         "worker_recovery_timeout": options.worker_recovery_timeout,
         "step_timeout": options.step_timeout,
+        "finished_request_ttl": options.finished_request_ttl,
     })  # fmt: skip
     return ChildSpec(
         "scheduler",

@@ -240,6 +240,7 @@ def read_request(client: redis.Redis, namespace: str, request_id: str) -> Reques
     if not fields:
         raise QueueError(
             f"no request {request_id!r} in namespace {namespace!r} (key {key} does not exist): "
-            "the id is unknown, or its record expired (kept 24 h after it finished)"
+            "the id is unknown, or its record expired (kept --finished-request-ttl seconds, 600 by "
+            "default, after it finished)"
         )
     return from_fields(RequestStatus, fields)

@@ -85,6 +85,10 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://{self.host}:{self.port}/0"
 
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
     def start(self) -> RedisServer:
         argv = redis_server_command(find_redis_server(), self.port, self._dir.name, self.host)
         self._proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

@@ -55,8 +55,8 @@ SERVE_OPTIONS = (
         help="seconds the gateways keep open requests while no engine is live"),
     use("worker_recovery_timeout", default=SERVE_ENGINE_WAIT_S,
         help="seconds the scheduler keeps unfinished requests while it has no workers"),
-    "routing", "step_timeout", "max_body_bytes", "header_timeout", "body_timeout",
-    "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
+    "routing", "step_timeout", "finished_request_ttl", "max_body_bytes", "header_timeout",
+    "body_timeout", "max_seqs_per_request", "max_requests_per_client", "tokenizer_threads",
     "chat_template", "enable_auto_tool_choice", "tool_call_parser",
 )  # fmt: skip
 
@@ -93,6 +93,8 @@ def _check_bounds(o: ServeOptions) -> None:
                         ("--worker-recovery-timeout", o.worker_recovery_timeout)):  # fmt: skip
         if value <= 0:
             problems.append(f"{flag} must be > 0, got {value}")
+    if o.finished_request_ttl < 1:
+        problems.append(f"--finished-request-ttl must be >= 1, got {o.finished_request_ttl}")
     if o.startup_timeout <= 0:
         problems.append(f"--startup-timeout must be > 0, got {o.startup_timeout}")
     if o.kv_cache_memory is not None and o.kv_cache_memory < 1:

@@ -29,7 +29,7 @@ SCHEDULER_OPTIONS = (
     use("block_size", help="default: what the workers report (their device's default)"),
     "no_prefix_caching", "kv_cache_metrics", "kv_cache_metrics_sample", "worker_timeout",
     "step_timeout", "drain_timeout",
-    "worker_recovery_timeout",
+    "worker_recovery_timeout", "finished_request_ttl",
 )  # fmt: skip
 
 
@@ -74,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             step_timeout_s=args.step_timeout,
             drain_timeout_s=args.drain_timeout,
             worker_recovery_timeout_s=args.worker_recovery_timeout,
+            finished_request_ttl_s=args.finished_request_ttl,
         )
         config.redis_target  # noqa: B018 (a malformed --redis-sentinel fails here)
     except ValueError as exc:

@@ -40,6 +40,7 @@ from pagedserve.services.scheduler.worker_link import WorkerLink
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.keys import RedisKeys
 from pagedserve.shared.redis_client import RedisTarget, async_redis
+from pagedserve.shared.status import FINISHED_REQUEST_STATUS_TTL_S
 
 logger = logging.getLogger(__name__)
 
@@ -62,10 +63,15 @@ class EngineLoopConfig:
     step_timeout_s: float = 60.0  # a step whose result takes longer than this: workers lost
     drain_timeout_s: float = 5.0  # on SIGTERM: how long running requests may finish
     worker_recovery_timeout_s: float = 60.0  # workers lost this long: fail unfinished requests
+    finished_request_ttl_s: int = FINISHED_REQUEST_STATUS_TTL_S  # a finished request's record
     gateway_check_interval_s: float = GATEWAY_CHECK_INTERVAL_S  # dead-gateway sweep period
     redis_sentinel: str | None = None  # "HOST:PORT,.../SERVICE": the primary via sentinels
 
     def __post_init__(self) -> None:
+        if self.finished_request_ttl_s < 1:
+            raise ValueError(
+                f"--finished-request-ttl must be at least 1 s, got {self.finished_request_ttl_s}"
+            )
         if self.scheduler_config.async_scheduling and self.tensor_parallel_size != 1:
             raise ValueError(
                 "async scheduling needs tensor_parallel_size 1 (only rank 0 samples, and the "
@@ -98,7 +104,9 @@ class EngineLoop:
             socket_connect_timeout=REDIS_CONNECT_TIMEOUT_S,
             socket_timeout=REDIS_SOCKET_TIMEOUT_S,
         )
-        self.io = RedisIO(self.redis, RedisKeys(config.namespace), config.engine_id)
+        self.io = RedisIO(
+            self.redis, RedisKeys(config.namespace), config.engine_id, config.finished_request_ttl_s
+        )
         self.link = WorkerLink(
             config.plan_address,
             config.result_address,

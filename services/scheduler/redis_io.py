@@ -44,6 +44,8 @@ from pagedserve.shared.protocol import (
 )
 from pagedserve.shared.status import (
     ENGINE_STATUS_TTL_S,
+    FINAL_STATES,
+    FINISHED_REQUEST_STATUS_TTL_S,
     REQUEST_STATUS_TTL_S,
     EngineStatus,
     to_fields,
@@ -141,10 +143,17 @@ def _routing_problem(request: GenerateRequest) -> str | None:
 
 
 class RedisIO:
-    def __init__(self, redis: aioredis.Redis, keys: RedisKeys, engine_id: str) -> None:
+    def __init__(
+        self,
+        redis: aioredis.Redis,
+        keys: RedisKeys,
+        engine_id: str,
+        finished_request_ttl_s: int = FINISHED_REQUEST_STATUS_TTL_S,
+    ) -> None:
         self.redis = redis
         self.keys = keys
         self.engine_id = engine_id
+        self.finished_request_ttl_s = finished_request_ttl_s
         self.own_stream = keys.routed_requests(engine_id)
         self.streams = (keys.requests, self.own_stream)  # what this engine reads
         self._abort_cursor = "0-0"
@@ -318,7 +327,7 @@ class RedisIO:
             for request_id, fields in writes.statuses.items():
                 key = self.keys.request(request_id)
                 pipe.hset(key, mapping=fields)
-                pipe.expire(key, REQUEST_STATUS_TTL_S)
+                pipe.expire(key, self._status_ttl_s(fields))
             if writes.engine_fields is not None:
                 self._queue_engine_fields(pipe, writes.engine_fields)
             assert len(pipe) == writes.num_commands, "num_commands must count what is queued"
@@ -348,6 +357,13 @@ class RedisIO:
         async with self.redis.pipeline(transaction=True) as pipe:
             self._queue_engine_fields(pipe, to_fields(status))
             await pipe.execute()
+
+    def _status_ttl_s(self, fields: dict[str, str]) -> int:
+        """A finished request's record is kept `finished_request_ttl_s`, an open one's a day
+        (it may wait in a queue that long)."""
+        if fields.get("state") in FINAL_STATES:
+            return self.finished_request_ttl_s
+        return REQUEST_STATUS_TTL_S
 
     def _queue_engine_fields(self, pipe: aioredis.client.Pipeline, fields: dict[str, str]) -> None:
         key = self.keys.engine(self.engine_id)

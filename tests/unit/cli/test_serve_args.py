@@ -60,6 +60,7 @@ def test_environment_supplies_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--kv-cache-memory", "0"], "--kv-cache-memory must be >= 1 byte, got 0"),
         (["--api-key", ""], "--api-key must not be empty"),
         (["--engine-loss-timeout", "0"], "--engine-loss-timeout must be > 0, got 0.0"),
+        (["--finished-request-ttl", "0"], "--finished-request-ttl must be >= 1, got 0"),
         (["--async-scheduling", "-tp", "2"], "--async-scheduling needs --tensor-parallel-size 1"),
     ],
 )
@@ -215,6 +216,13 @@ def test_children_wait_for_a_restarted_engine_longer_than_their_own_defaults() -
         gateway = parse_service_args("pagedserve.services.gateway", plan.gateways[0].argv[4:], {})
         expected = (wait_s, wait_s) if wait_s else (50.0, 45.0)
         assert (scheduler.worker_recovery_timeout, gateway.engine_loss_timeout) == expected
+
+
+def test_the_finished_request_ttl_reaches_the_scheduler() -> None:
+    for argv, ttl in (((), 600), (("--finished-request-ttl", "45"), 45)):
+        plan = plan_launch(parse(*argv), "/m", "redis://127.0.0.1:7001/0", PORTS)
+        scheduler = parse_service_args("pagedserve.services.scheduler", plan.engine[0].argv[4:], {})
+        assert scheduler.finished_request_ttl == ttl
 
 
 def test_a_restarted_gateway_takes_a_new_id_on_the_same_port() -> None:
