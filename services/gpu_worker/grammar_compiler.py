@@ -7,7 +7,15 @@ grammar: its token-mask cache is what makes masks cheap). The step loop only eve
 `future.done()`, so a slow grammar delays the requests that need it and nothing else.
 
 xgrammar (and the tokenizer it is built from) is imported and loaded on the compile thread at
-the first structured request: a worker that never sees one pays nothing."""
+the first structured request: a worker that never sees one pays nothing.
+
+The futures are the only cache: an LRU of at most MAX_CACHED_GRAMMARS grammars and
+MAX_CACHED_GRAMMAR_BYTES of them (xgrammar's `memory_size_bytes`; evicted as a new spec is
+asked for, before it compiles, so past the bound by at most that newest grammar), so that a server whose
+requests each bring a schema of their own keeps a bounded memory. xgrammar's own compiler cache
+is off: unbounded by default, it held every grammar ever compiled (~75 KB a small JSON schema
+with SmolLM2's vocabulary: the worker grew by 175 MiB over 1500 distinct schemas). A grammar
+evicted while requests still use it lives on in their matchers until they finish."""
 
 from __future__ import annotations
 
@@ -24,6 +32,7 @@ from pagedserve.shared.protocol import StructuredOutput
 logger = logging.getLogger(__name__)
 
 MAX_CACHED_GRAMMARS = 512
+MAX_CACHED_GRAMMAR_BYTES = 256 * 2**20
 ANY_JSON_OBJECT = json.dumps({"type": "object"})
 
 
@@ -32,7 +41,8 @@ class GrammarCompileError(ValueError):
 
 
 class GrammarCompiler:
-    """Compiled grammars of one model's vocabulary, by spec (an LRU of MAX_CACHED_GRAMMARS)."""
+    """Compiled grammars of one model's vocabulary, by spec (an LRU bounded in count and
+    bytes)."""
 
     def __init__(
         self, model_dir: Path, vocab_size: int, stop_token_ids: tuple[int, ...] = ()
@@ -54,9 +64,21 @@ class GrammarCompiler:
             return future
         future = self._executor.submit(self._compile_now, spec)
         self._futures[spec] = future
-        if len(self._futures) > MAX_CACHED_GRAMMARS:
-            self._futures.popitem(last=False)
+        self._evict()
         return future
+
+    def cached_bytes(self) -> int:
+        """The memory of the compiled grammars the cache holds (those still compiling: 0)."""
+        return sum(_grammar_bytes(f) for f in self._futures.values())
+
+    def _evict(self) -> None:
+        """Drop the least recently asked for grammars past either bound (never the newest)."""
+        while len(self._futures) > MAX_CACHED_GRAMMARS:
+            self._futures.popitem(last=False)
+        total = self.cached_bytes()
+        while total > MAX_CACHED_GRAMMAR_BYTES and len(self._futures) > 1:
+            _, oldest = self._futures.popitem(last=False)
+            total -= _grammar_bytes(oldest)
 
     def shutdown(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
@@ -105,6 +127,13 @@ class GrammarCompiler:
                 vocab_size=self.vocab_size,
                 stop_token_ids=list(self.stop_token_ids) or None,
             )
-            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+            # the futures are the cache (bounded); xgrammar's own would keep every grammar
+            self._compiler = xgrammar.GrammarCompiler(info, max_threads=1, cache_enabled=False)
             logger.info("grammar compiler ready for %s", self.model_dir)
         return self._compiler
+
+
+def _grammar_bytes(future: Future[Any]) -> int:
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return 0
+    return int(future.result().memory_size_bytes)
