@@ -88,3 +88,30 @@ def test_bench_refuses_an_unknown_model_name(pipeline, tmp_path: Path) -> None:
     [run] = result["runs"]
     assert run["num_failed"] == 2
     assert any("no-such-model" in e for e in run["errors"])
+
+
+def test_every_request_kind_of_the_soak_is_served_and_the_engine_ends_idle(
+    pipeline, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`benchmarks/soak.py`'s mix against the real pipeline: each kind once (the bad request
+    refused with a 4xx, every other served), then the engine idle with no KV block held."""
+    import asyncio
+    import random
+
+    import httpx
+
+    from benchmarks import soak
+    from benchmarks.soak import KINDS, idle_state, one_request
+
+    running, _ = pipeline
+    monkeypatch.setattr(soak, "words", lambda rng, low, high: "the river")  # the tiny model's
+
+    async def each_kind() -> dict[str, str]:
+        async with httpx.AsyncClient(base_url=running.base_url, timeout=120) as client:
+            rng = random.Random(0)
+            return {kind: await one_request(client, kind, rng) for kind in sorted(KINDS)}
+
+    outcomes = asyncio.run(each_kind())
+    expected = {kind: "4xx" if kind == "bad request" else "2xx" for kind in KINDS}
+    assert outcomes == expected
+    assert idle_state(running.base_url) == {"running": 0.0, "waiting": 0.0, "kv_cache_usage": 0.0}
