@@ -11,11 +11,12 @@ the first structured request: a worker that never sees one pays nothing.
 
 The futures are the only cache: an LRU of at most MAX_CACHED_GRAMMARS grammars and
 MAX_CACHED_GRAMMAR_BYTES of them (xgrammar's `memory_size_bytes`; evicted as a new spec is
-asked for, before it compiles, so past the bound by at most that newest grammar), so that a server whose
-requests each bring a schema of their own keeps a bounded memory. xgrammar's own compiler cache
-is off: unbounded by default, it held every grammar ever compiled (~75 KB a small JSON schema
-with SmolLM2's vocabulary: the worker grew by 175 MiB over 1500 distinct schemas). A grammar
-evicted while requests still use it lives on in their matchers until they finish."""
+asked for, before it compiles, so past the bound by at most that newest grammar), so that a
+server whose requests each bring a schema of their own keeps a bounded memory. xgrammar's own
+compiler cache is off: unbounded by default, it held every grammar ever compiled (~75 KB a
+small JSON schema with SmolLM2's vocabulary: the worker grew by 175 MiB over 1500 distinct
+schemas). A grammar evicted while requests still use it lives on in their matchers until they
+finish."""
 
 from __future__ import annotations
 
