@@ -24,7 +24,7 @@ from pagedserve.services.scheduler.finish_rules import FINISH_ABORT
 from pagedserve.services.scheduler.kv_cache_manager import KVCacheManager
 from pagedserve.services.scheduler.request import Request, RequestStatus
 from pagedserve.services.scheduler.request_queue import BaseRequestQueue, make_request_queue
-from pagedserve.services.scheduler.request_sets import RequestSets
+from pagedserve.services.scheduler.request_sets import FinishedRecord, RequestSets
 from pagedserve.services.scheduler.request_validator import (
     check_beam_fits,
     check_fits,
@@ -108,8 +108,8 @@ class Scheduler:
         return self._sets.running
 
     @property
-    def finished_requests(self) -> deque[Request]:
-        """The latest finished requests, with their timelines (for metrics)."""
+    def finished_requests(self) -> deque[FinishedRecord]:
+        """The latest finished requests' outcomes and timelines (not their tokens)."""
         return self._sets.finished_requests
 
     @property

@@ -452,6 +452,28 @@ def test_stats_and_timeline() -> None:
     assert s.stats().num_finished == 1 and s.finished_requests[-1].finish_reason == "length"
 
 
+def test_a_finished_request_leaves_its_outcome_and_timeline_not_its_tokens() -> None:
+    """The scheduler had kept its last 4096 finished `Request`s whole, prompts and block
+    hashes with them: 1.5 GiB of 8000-token prompts."""
+    import gc
+
+    from pagedserve.services.scheduler.request import Request
+
+    s = make_scheduler(num_blocks=8)
+    w = worker_for(s)
+    s.add_request(make_request("a", 6, max_tokens=2))
+    run_step(s, w)
+    run_step(s, w)
+    record = s.finished_requests[-1]
+    assert (record.request_id, record.finish_reason) == ("a", "length")
+    assert (record.num_prompt_tokens, record.num_output_tokens) == (6, 2)
+    assert record.arrival_time <= record.first_scheduled_time <= record.first_token_time
+    assert record.first_token_time <= record.finish_time
+    gc.collect()
+    alive = [o for o in gc.get_objects() if type(o) is Request and o.request_id == "a"]
+    assert not alive, "the finished request is still held"
+
+
 def test_sampling_params_default_is_valid() -> None:
     SamplingParams().validate()
 
