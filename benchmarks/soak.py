@@ -159,9 +159,13 @@ def idle_state(base_url: str, timeout_s: float = 120.0) -> dict[str, float]:
 
 
 def growth(samples: list[dict[str, Any]], warm_index: int, num_requests: int) -> dict[str, Any]:
-    """Per process: RSS after warm-up, at the end, and the growth per 1000 requests."""
-    out = {}
+    """Per process: RSS after warm-up, at the end, and the growth per 1000 requests; a
+    process that was gone at a sample since warm-up (no /proc entry) is reported as died."""
+    out: dict[str, Any] = {}
     for name in samples[0]["rss_mib"]:
+        if any(s["rss_mib"][name] is None for s in samples[warm_index:]):
+            out[name] = {"died": True}
+            continue
         warm = samples[warm_index]["rss_mib"][name]
         end = statistics.median(s["rss_mib"][name] for s in samples[-3:])
         out[name] = {
@@ -182,6 +186,9 @@ def report_lines(result: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|",
     ]
     for name, g in result["rss"].items():
+        if g.get("died"):
+            lines.append(f"| {name} | died during the run | | | |")
+            continue
         lines.append(f"| {name} | {g['warm_mib']} | {g['end_mib']} | {g['growth_mib']} | "
                      f"{g['per_1000_requests_mib']} |")  # fmt: skip
     first, last = result["samples"][result["warm_index"]], result["samples"][-1]
@@ -220,15 +227,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         samples.append(sample(pids, store, start))
         idle_keys = store.dbsize()
     num_requests = sum(outcomes.values())
-    warm_index = min(int(len(samples) * args.warmup_fraction), len(samples) - 4)
+    warm_index = max(0, min(int(len(samples) * args.warmup_fraction), len(samples) - 4))
     failures = {k: v for k, v in outcomes.items() if "5xx" in k or "transport" in k}
+    rss = growth(samples, warm_index, num_requests)
+    failures |= {f"{name} died": 1 for name, g in rss.items() if g.get("died")}
     return {
         "minutes": args.minutes,
         "concurrency": args.concurrency,
         "num_requests": num_requests,
         "outcomes": dict(outcomes),
         "failures": failures,
-        "rss": growth(samples, warm_index, num_requests),
+        "rss": rss,
         "warm_index": warm_index,
         "idle": idle,
         "idle_redis_keys": idle_keys,
