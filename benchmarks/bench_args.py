@@ -19,6 +19,9 @@ def add_workload_args(add: Callable[..., Any]) -> None:
     add("--output-len", type=int, default=48)
     add("--output-len-sigma", type=float, default=1.0)
     add("--output-len-range", default="4,384")
+    add("--text", choices=("words", "prose"), default="words",
+        help="prompts of random words, or chat requests about passages of real English (random "
+        "words make a small model repeat itself, which flatters n-gram speculation)")  # fmt: skip
 
 
 def ints(text: str) -> list[int]:
@@ -36,6 +39,7 @@ def workload_args(args: argparse.Namespace) -> argparse.Namespace:
         seed=args.seed, prompt_len=args.prompt_len, prompt_len_sigma=args.prompt_len_sigma,
         prompt_len_range=ints(args.prompt_len_range), output_len=args.output_len,
         output_len_sigma=args.output_len_sigma, output_len_range=ints(args.output_len_range),
+        text=getattr(args, "text", "words"),
     )  # fmt: skip
 
 

@@ -50,6 +50,9 @@ def _add_workload_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--output-len", type=int, default=64, help="median output tokens")
     g.add_argument("--output-len-sigma", type=float, default=0.6)
     g.add_argument("--output-len-range", type=_int_list, default=[4, 512], metavar="MIN,MAX")
+    g.add_argument("--text", choices=("words", "prose"), default="words",
+                   help="what fills a synthetic prompt: random words, or chat requests about "
+                   "passages of real English (words flatter n-gram speculation)")  # fmt: skip
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -261,7 +261,7 @@ def build_workload(args: Any) -> tuple[list[BenchRequest], Any, Path]:
         output_lens = LengthDistribution(args.output_len, args.output_len_sigma,
                                          *args.output_len_range)  # fmt: skip
         requests = synthetic_workload(tokenizer, args.num_prompts, prompt_lens, output_lens,
-                                      args.seed)  # fmt: skip
+                                      args.seed, getattr(args, "text", "words"))  # fmt: skip
     except (ValueError, TypeError, OSError) as exc:
         raise BenchError(f"bad workload: {exc}") from exc
     return requests, tokenizer, model_dir

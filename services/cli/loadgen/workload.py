@@ -4,10 +4,12 @@ A synthetic workload draws prompt and output lengths from a lognormal distributi
 tail that real chat traffic has: most requests short, a few long), clipped to bounds, and fills
 each prompt with random real words from the tokenizer's vocabulary, so the server tokenizes
 ordinary text. Outputs are fixed-length (`ignore_eos` + `max_tokens`), so every system under
-test produces exactly the same number of tokens. A JSONL workload gives one request per line:
+test produces exactly the same number of tokens. `text="prose"` fills the prompts with chat
+requests about passages of real English instead (`prose.py`): random words make a model
+repeat itself, which flatters n-gram speculation. A JSONL workload gives one request per line:
 `{"prompt": str | [int], "output_len": int}` (`max_tokens` is accepted for `output_len`).
-`with_fresh_words` copies a workload with new words (same lengths), for runs that must not
-hit a prefix cache that an earlier run on the same server filled.
+`with_fresh_words` copies a workload with new words or passages (same lengths), for runs that
+must not hit a prefix cache that an earlier run on the same server filled.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from pagedserve.services.cli.loadgen.prose import ProsePrompts
 
 
 @dataclass(frozen=True)
@@ -29,6 +33,9 @@ class BenchRequest:
     prompt: str
     prompt_token_ids: list[int]
     output_len: int
+    # what fills the prompt: "words" (random), "prose" (prose.py), "given" (a file's); where
+    # the prompt came from, not what it is, so it takes no part in equality
+    text: str = field(default="words", compare=False)
 
     @property
     def prompt_len(self) -> int:
@@ -84,24 +91,29 @@ def word_token_ids(tokenizer: Any) -> list[int]:
     return ids
 
 
+TEXTS = ("words", "prose")  # what a synthetic workload's prompts hold
+
+
 def synthetic_workload(
     tokenizer: Any,
     num_requests: int,
     prompt_lens: LengthDistribution,
     output_lens: LengthDistribution,
     seed: int = 0,
+    text: str = "words",
 ) -> list[BenchRequest]:
-    """`num_requests` prompts of random words, lengths from the two distributions."""
+    """`num_requests` prompts of random words (or chat requests about prose), lengths from the
+    two distributions."""
     if num_requests < 1:
         raise ValueError(f"num_requests must be >= 1, got {num_requests}")
+    if text not in TEXTS:
+        raise ValueError(f"text must be one of {', '.join(TEXTS)}, got {text!r}")
     rng = np.random.default_rng(seed)
-    vocab = np.asarray(word_token_ids(tokenizer))
     prompt_len_list = prompt_lens.sample(rng, num_requests)
     output_len_list = output_lens.sample(rng, num_requests)
-    return [
-        _random_words_request(tokenizer, rng, vocab, prompt_len, output_len)
-        for prompt_len, output_len in zip(prompt_len_list, output_len_list, strict=True)
-    ]
+    shapes = [BenchRequest("", [0] * p, o, text) for p, o in zip(prompt_len_list, output_len_list,
+                                                                   strict=True)]  # fmt: skip
+    return _filled(shapes, tokenizer, rng)
 
 
 def with_fresh_words(
@@ -111,11 +123,26 @@ def with_fresh_words(
     output length, so the model does the same work, but the content is new, so that a server's
     prefix cache holds none of it from an earlier run (which would skip prefills that a
     baseline without a prefix cache computes). Give each fresh copy its own seed."""
-    rng = np.random.default_rng(seed)
+    return _filled(requests, tokenizer, np.random.default_rng(seed))
+
+
+def _filled(
+    shapes: Sequence[BenchRequest], tokenizer: Any, rng: np.random.Generator
+) -> list[BenchRequest]:
+    """New prompts of each shape's length and text kind ("given" prompts become words)."""
     vocab = np.asarray(word_token_ids(tokenizer))
-    return [
-        _random_words_request(tokenizer, rng, vocab, r.prompt_len, r.output_len) for r in requests
-    ]
+    prose = None
+    requests = []
+    for shape in shapes:
+        if shape.text == "prose":
+            prose = prose or ProsePrompts(tokenizer)
+            prompt, token_ids = prose.prompt(rng, shape.prompt_len)
+            requests.append(BenchRequest(prompt, token_ids, shape.output_len, "prose"))
+        else:
+            requests.append(
+                _random_words_request(tokenizer, rng, vocab, shape.prompt_len, shape.output_len)
+            )
+    return requests
 
 
 def _random_words_request(
@@ -149,7 +176,7 @@ def load_jsonl_workload(path: Path, tokenizer: Any, limit: int | None = None) ->
             prompt = tokenizer.decode(token_ids)
         if not token_ids:
             raise ValueError(f"{path}:{line_no}: empty prompt")
-        requests.append(BenchRequest(prompt, token_ids, output_len))
+        requests.append(BenchRequest(prompt, token_ids, output_len, "given"))
         if limit is not None and len(requests) >= limit:
             break
     if not requests:
