@@ -35,6 +35,7 @@ class VllmServeConfig:
     max_num_seqs: int = 256
     startup_timeout_s: float = 1200.0  # the first start compiles for minutes
     num_speculative_tokens: int | None = None  # n-gram speculation (prompt lookup); 0/None: off
+    extra_args: tuple[str, ...] = ()  # more `vllm serve` flags, e.g. ("--block-size", "16")
 
 
 def omp_bind(threads: int | None) -> str:
@@ -56,6 +57,7 @@ def vllm_serve_argv(config: VllmServeConfig, port: int) -> list[str]:
         "--max-num-seqs", str(config.max_num_seqs),
         "--host", "127.0.0.1", "--port", str(port),
         *speculative_argv(config.num_speculative_tokens),
+        *config.extra_args,
     ]  # fmt: skip
 
 
@@ -108,6 +110,7 @@ def peer_info(config: VllmServeConfig) -> dict[str, Any]:
         dtype=config.dtype,
         kv_cache_gib=config.kv_cache_gib,
         speculative_argv=speculative_argv(config.num_speculative_tokens),
+        extra_args=list(config.extra_args),
     )
     return info
 

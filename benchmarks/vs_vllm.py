@@ -129,6 +129,7 @@ def vllm_config(args: argparse.Namespace, model_dir: Path) -> VllmServeConfig:
         args.max_num_seqs,
         args.vllm_startup_timeout,
         args.num_speculative_tokens,
+        tuple(shlex.split(args.vllm_args)),
     )
 
 
@@ -196,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="a round's point with more of the CPU stolen than this is thrown out")  # fmt: skip
     add("--num-warmups", type=int, default=8)
     add("--vllm-kv-cache-gib", type=int, default=3)
+    add("--vllm-args", default="",
+        help="more flags for vLLM's server, e.g. --vllm-args='--block-size 16'")  # fmt: skip
     add("--startup-timeout", type=float, default=600.0, help="seconds for pagedserve to start")
     add("--vllm-startup-timeout", type=float, default=1200.0, help="its first start compiles")
     add("--out", default="benchmarks/results/vs_vllm")

@@ -145,7 +145,8 @@ def peer_line(peer: dict[str, Any] | None) -> str:
     return (
         f"Peer: vLLM {peer['vllm']} CPU build (torch {peer['torch']}, kernels "
         f"{peer['torch_cpu_capability']}), {peer['dtype']}, OMP threads bound to "
-        f"{peer['omp_bind']}, {peer['kv_cache_gib']} GiB KV cache."
+        f"{peer['omp_bind']}, {peer['kv_cache_gib']} GiB KV cache"
+        + (f", started with `{' '.join(peer['extra_args'])}`." if peer.get("extra_args") else ".")
     )
 
 

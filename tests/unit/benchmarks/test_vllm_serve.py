@@ -35,6 +35,23 @@ def test_ngram_speculation_is_asked_for_only_when_given() -> None:
     assert build_parser().parse_args(["--num-speculative-tokens", "0"]).num_speculative_tokens == 0
 
 
+def test_extra_flags_reach_its_command_line_and_its_report_line() -> None:
+    from benchmarks.vs_vllm import vllm_config
+    from benchmarks.vs_vllm_report import peer_line
+
+    assert vllm_serve_argv(CONFIG, 8123)[-1] == "8123"  # none by default
+    args = build_parser().parse_args(["--vllm-args", "--block-size 16"])
+    args.vllm_python, args.dtype_resolved = "/venv/bin/python", "bfloat16"
+    config = vllm_config(args, Path("/models/smol"))
+    assert vllm_serve_argv(config, 8123)[-2:] == ["--block-size", "16"]
+    peer = {"vllm": "0.32", "torch": "2.13", "torch_cpu_capability": "AVX512",
+            "dtype": "bfloat16", "omp_bind": "0-1", "kv_cache_gib": 3}  # fmt: skip
+    assert peer_line(peer).endswith("3 GiB KV cache.")
+    assert peer_line(peer | {"extra_args": ["--block-size", "16"]}).endswith(
+        "3 GiB KV cache, started with `--block-size 16`."
+    )
+
+
 def test_its_environment_names_the_cpu_backend_threads_and_kv_space(monkeypatch) -> None:
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
     env = vllm_serve_env(CONFIG)
