@@ -150,13 +150,17 @@ def peer_line(peer: dict[str, Any] | None) -> str:
     )
 
 
+PROMPT_KINDS = {"words": " (prompts of random words)", "prose": " (chat requests about prose)"}
+
+
 def report(result: dict[str, Any]) -> str:
     w, medians = result["workload"], result["medians"]
     ours, peer = medians[OURS], medians.get(PEER)
     lines = [
         "## pagedserve vs vLLM's CPU build",
         "",
-        f"{w['num_requests']} requests per level, {w['total_output_tokens']} output tokens; "
+        f"{w['num_requests']} requests per level{PROMPT_KINDS.get(w.get('text', ''), '')}, "
+        f"{w['total_output_tokens']} output tokens; "
         f"medians over {len(result['rounds']['pagedserve'])} alternated rounds, a round's "
         f"point thrown out where more than {100 * result['max_steal']:.0f}% of the CPU was "
         "stolen.",

@@ -275,6 +275,7 @@ def workload_summary(requests: list[BenchRequest]) -> dict[str, Any]:
         "prompt_len": {"min": min(prompt), "mean": sum(prompt) / len(prompt), "max": max(prompt)},
         "output_len": {"min": min(output), "mean": sum(output) / len(output), "max": max(output)},
         "total_output_tokens": sum(output),
+        "text": ",".join(sorted({r.text for r in requests})),  # what the prompts hold
     }
 
 

@@ -54,6 +54,7 @@ def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -
     assert code == 0
     result = json.loads(out.with_suffix(".json").read_text())
     assert result["workload"]["num_requests"] == 6
+    assert result["workload"]["text"] == "words"
     assert result["warmup"] == {"num_requests": 2, "num_failed": 0}
     assert [run["max_concurrency"] for run in result["runs"]] == [1, 4]
     assert [run["fresh_prompts"] for run in result["runs"]] == [True, True]
@@ -72,6 +73,47 @@ def test_bench_reports_every_metric_without_failures(pipeline, tmp_path: Path) -
     # The second level sent fresh words: it found nothing of the first's in the prefix cache.
     assert prefix_cache_hits(running.redis_url, running.namespace) == 0
     assert out.with_name("bench_latency_cdf.png").stat().st_size > 0
+
+
+def test_bench_sends_chat_requests_about_prose(pipeline, tmp_path: Path) -> None:
+    """`--text prose`: prompts rendered with the served model's chat template, of the asked
+    lengths, served with exact output lengths at every level."""
+    running, model_dir = pipeline
+    out = tmp_path / "prose"
+    code = main([
+        "bench", "--base-url", running.base_url, "--model", str(model_dir), "--text", "prose",
+        "--num-prompts", "4", "--prompt-len", "90", "--prompt-len-sigma", "0.3",
+        "--prompt-len-range", "70,150", "--output-len", "5", "--output-len-range", "2,8",
+        "--seed", "5", "--concurrency-sweep", "1,2", "--num-warmups", "1", "--out", str(out),
+        "--no-plots",
+    ])  # fmt: skip
+    assert code == 0
+    result = json.loads(out.with_suffix(".json").read_text())
+    assert result["workload"]["text"] == "prose"
+    assert 69 <= result["workload"]["prompt_len"]["min"] <= result["workload"]["prompt_len"]["max"]
+    assert result["workload"]["prompt_len"]["max"] <= 151
+    for run in result["runs"]:
+        assert run["num_completed"] == 4 and run["num_failed"] == 0
+        assert run["num_wrong_length"] == 0
+    # The server reads each prompt as the workload counted it: the template's tokens included.
+    import argparse
+
+    import httpx
+
+    from pagedserve.services.cli.loadgen.runner import build_workload
+
+    args = argparse.Namespace(
+        model=str(model_dir), tokenizer=None, dataset=None, num_prompts=4, seed=5,
+        prompt_len=90, prompt_len_sigma=0.3, prompt_len_range=[70, 150], output_len=5,
+        output_len_sigma=0.6, output_len_range=[2, 8], text="prose",
+    )  # fmt: skip
+    requests, _, _ = build_workload(args)
+    for request in requests:
+        assert request.prompt.startswith("<|im_start|>user\n")
+        answer = httpx.post(
+            f"{running.base_url}/tokenize", json={"model": str(model_dir), "prompt": request.prompt}
+        ).json()
+        assert answer["tokens"] == request.prompt_token_ids
 
 
 def test_bench_refuses_an_unknown_model_name(pipeline, tmp_path: Path) -> None:

@@ -40,6 +40,10 @@ def test_the_report_shows_both_servers_the_peer_and_every_rounds_steal() -> None
     assert "vLLM 0.32.0 CPU build" in text and "bound to 0-1" in text
     assert "pagedserve: 1.0%, 20.0%; vLLM CPU: 0.0%, -" in text
     assert "lscpu flags of note: avx2, fma" in text and "Command: `python -m x`" in text
+    assert "48 requests per level, 4000 output tokens" in text  # a result from before `text`
+    prose = canned_result()
+    prose["workload"]["text"] = "prose"
+    assert "48 requests per level (chat requests about prose), 4000" in report(prose)
 
 
 def test_the_report_is_a_section_of_the_performance_summary(tmp_path: Path) -> None:
