@@ -90,6 +90,11 @@ class ProsePrompts:
     exact length in tokens where the template allows it."""
 
     def __init__(self, tokenizer: Any, paragraphs: Sequence[str] | None = None) -> None:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(
+                "prose prompts are chat requests: the tokenizer has no chat template to render "
+                "them with (use prompts of random words, or a model with a chat template)"
+            )
         self.tokenizer = tokenizer
         self.paragraphs = list(paragraphs if paragraphs is not None else stdlib_paragraphs())
         if not self.paragraphs:

@@ -84,6 +84,16 @@ def test_prompts_are_chat_requests_of_the_asked_length(tokenizer) -> None:
     assert 40 <= len(ids) <= 70 and text.endswith("<|im_start|>assistant\n")
 
 
+def test_a_tokenizer_without_a_chat_template_or_no_prose_is_a_clear_error(tokenizer) -> None:
+    from tests.unit.benchmarks.fake_tokenizer import FakeTokenizer
+
+    lengths = LengthDistribution(10, 0.0, 10, 10)
+    with pytest.raises(ValueError, match="no chat template"):
+        synthetic_workload(FakeTokenizer(), 2, lengths, lengths, text="prose")
+    with pytest.raises(ValueError, match="no prose paragraphs"):
+        ProsePrompts(tokenizer, [])
+
+
 def test_a_prose_workload_stays_prose_when_refreshed(tokenizer) -> None:
     prompt_lens = LengthDistribution(100, 0.5, 60, 300)
     output_lens = LengthDistribution(20, 0.5, 4, 60)
