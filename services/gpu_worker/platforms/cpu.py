@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core
 from pagedserve.services.gpu_worker.cpu_threads import cpu_threads, most_threads
 from pagedserve.services.gpu_worker.kv_cache import DEFAULT_CPU_KV_CACHE_BYTES, num_blocks_for_bytes
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
@@ -42,6 +43,23 @@ FUSED_STEP_TOKENS = 1024
 # prompts through SDPA, 1024 had cut TTFT p99 at 64 in flight, 7711 against 8486 ms, but raised
 # TPOT p99, 1132 against 706: `budget1024_fp32_serve_ab_avx2_2026-12-05.md`.)
 FUSED_FP32_STEP_TOKENS = 768
+
+# The same pass where a core has less than 1 MiB of L2. On a 2-core AMD EPYC Zen 3 (AVX2, 512
+# KiB of L2 a core; the Zen 4 above has 1 MiB), 512 against 768 through the service, 2
+# alternated rounds (`benchmarks/results/budget512_vs_768_fp32_serve_ab_zen3_avx2_2026-12-06.md`):
+# at 64 in flight 1.075x output tok/s (by round 1.085 / 1.064), TPOT p99 852 against 952 ms,
+# TTFT p50 2896 against 2968, p99 10739 against 10348; at 16 in flight 1.012x. In-process a
+# burst's prompt token cost 1588 against 1712 us (`benchmarks/prefill_budget.py`, 2 rounds),
+# where on the Zen 4 it costs no more in bigger steps.
+SMALL_L2_FP32_STEP_TOKENS = 512
+SMALL_L2_BYTES = 1 << 20  # below this much L2 a core, the smaller float32 budget
+
+
+def fused_fp32_step_tokens(l2_bytes: int | None) -> int:
+    """The float32 pass's step budget for a core with `l2_bytes` of L2 (None: unknown)."""
+    if l2_bytes is not None and l2_bytes < SMALL_L2_BYTES:
+        return SMALL_L2_FP32_STEP_TOKENS
+    return FUSED_FP32_STEP_TOKENS
 
 
 def cpu_supports_bf16() -> bool:
@@ -82,7 +100,7 @@ class CpuPlatform(BasePlatform):
             if forward_pass.dtype == torch.bfloat16 and forward_pass.takes(FUSED_STEP_TOKENS):
                 return FUSED_STEP_TOKENS
             if forward_pass.dtype == torch.float32 and forward_pass.takes_prompts():
-                return FUSED_FP32_STEP_TOKENS
+                return fused_fp32_step_tokens(l2_bytes_per_core())
         return super().default_max_num_batched_tokens(forward_pass)
 
     def num_kv_blocks(self, sizing: KVSizing) -> int:

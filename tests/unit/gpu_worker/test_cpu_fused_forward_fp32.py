@@ -2,7 +2,8 @@
 float32 kernel holds the weights, the same bits as the module path for steps of decodes,
 drafts and prompts (the attention kernel takes chunks of any length on its float32 lanes),
 the modules for a step with a chunk the kernel leaves to SDPA (a head_dim its lanes do not
-take), and the CPU's default budget, 768 tokens where the pass takes prompts."""
+take), and the CPU's default budget, 768 tokens where the pass takes prompts (512 with less
+than 1 MiB of L2 a core)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,13 @@ import torch
 from pagedserve.kernels import cpu_paged_attention, cpu_small_sgemm
 from pagedserve.services.engine import LLMEngine
 from pagedserve.services.gpu_worker.attention.base import build_attention_metadata
+from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core
+from pagedserve.services.gpu_worker.platforms import cpu as cpu_platform
 from pagedserve.services.gpu_worker.platforms import cpu_prepack
-from pagedserve.services.gpu_worker.platforms.cpu import FUSED_FP32_STEP_TOKENS
+from pagedserve.services.gpu_worker.platforms.cpu import (
+    FUSED_FP32_STEP_TOKENS,
+    fused_fp32_step_tokens,
+)
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from pagedserve.shared.protocol import SamplingParams
@@ -122,11 +128,17 @@ def test_a_slot_past_the_cache_or_a_cache_of_another_dtype_is_an_error(engine):
 def test_the_default_budget_is_768_where_the_pass_takes_prompts(engine, monkeypatch):
     """768 tokens where the float32 pass takes prompt steps (through the service, 768-token
     steps cut TTFT p99 at 64 in flight without costing throughput or TPOT p99; see
-    `platforms/cpu.py`); the CPU's 512 where prompts leave it for SDPA and the modules."""
+    `platforms/cpu.py`), 512 where a core has less than 1 MiB of L2; the CPU's 512 where
+    prompts leave the pass for SDPA and the modules."""
     fused, platform = engine.runner.forward_pass, engine.runner.platform
     assert fused.takes(1024) and fused.takes_prompts()
-    assert platform.default_max_num_batched_tokens(fused) == FUSED_FP32_STEP_TOKENS == 768
-    assert engine.scheduler.config.max_num_batched_tokens == 768
+    here = fused_fp32_step_tokens(l2_bytes_per_core())
+    assert platform.default_max_num_batched_tokens(fused) == here
+    assert engine.scheduler.config.max_num_batched_tokens == here
+    for l2_bytes, budget in ((1 << 20, FUSED_FP32_STEP_TOKENS), (512 << 10, 512), (None, 768)):
+        monkeypatch.setattr(cpu_platform, "l2_bytes_per_core", lambda size=l2_bytes: size)
+        assert platform.default_max_num_batched_tokens(fused) == budget
+    assert FUSED_FP32_STEP_TOKENS == 768
     assert platform.default_max_num_batched_tokens(engine.runner.model) == 512
     monkeypatch.setattr(cpu_paged_attention, "takes_any_chunk", lambda dtype, head_dim: False)
     assert not fused.takes_prompts()

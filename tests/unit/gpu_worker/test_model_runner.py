@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core
 from pagedserve.services.gpu_worker.model_runner import ModelRunner
 from pagedserve.services.gpu_worker.platforms import resolve_dtype
-from pagedserve.services.gpu_worker.platforms.cpu import FUSED_FP32_STEP_TOKENS
+from pagedserve.services.gpu_worker.platforms.cpu import fused_fp32_step_tokens
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig
 from pagedserve.shared.protocol import CachedSequence, NewSequence, SamplingParams, StepPlan
@@ -174,7 +175,8 @@ def test_without_a_token_budget_the_runner_takes_its_device_default(tiny_llama_d
     default = runner()
     forward = default.forward_pass  # float32: 768 where the fused pass takes prompt steps
     takes_prompts = isinstance(forward, CpuFusedForward) and forward.takes_prompts()
-    assert default.max_num_batched_tokens == (FUSED_FP32_STEP_TOKENS if takes_prompts else 512)
+    fused_budget = fused_fp32_step_tokens(l2_bytes_per_core())  # 512 with a small L2
+    assert default.max_num_batched_tokens == (fused_budget if takes_prompts else 512)
     assert runner(max_num_batched_tokens=1024).max_num_batched_tokens == 1024
 
 

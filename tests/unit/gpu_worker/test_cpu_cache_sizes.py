@@ -1,0 +1,60 @@
+"""The per-core L2 size read from sysfs (`cpu_cache_sizes.py`), and the float32 step budget
+that follows it (`platforms/cpu.py`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core, parse_cache_size
+from pagedserve.services.gpu_worker.platforms.cpu import (
+    FUSED_FP32_STEP_TOKENS,
+    SMALL_L2_FP32_STEP_TOKENS,
+    fused_fp32_step_tokens,
+)
+
+
+def _cache(root: Path, index: int, level: int, kind: str, size: str) -> None:
+    entry = root / f"index{index}"
+    entry.mkdir(parents=True)
+    (entry / "level").write_text(f"{level}\n")
+    (entry / "type").write_text(f"{kind}\n")
+    (entry / "size").write_text(f"{size}\n")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("512K", 512 << 10), ("2048K", 2 << 20), ("1M", 1 << 20), ("32768", 32768), ("", None),
+     ("lots", None), ("K", None)],
+)  # fmt: skip
+def test_parse_cache_size(text: str, expected: int | None) -> None:
+    assert parse_cache_size(text) == expected
+
+
+def test_l2_is_the_level_2_data_or_unified_cache(tmp_path: Path) -> None:
+    _cache(tmp_path, 0, 1, "Data", "32K")
+    _cache(tmp_path, 1, 1, "Instruction", "32K")
+    _cache(tmp_path, 2, 2, "Unified", "512K")
+    _cache(tmp_path, 3, 3, "Unified", "32768K")
+    assert l2_bytes_per_core(tmp_path) == 512 << 10
+
+
+def test_no_l2_in_sysfs_is_unknown(tmp_path: Path) -> None:
+    assert l2_bytes_per_core(tmp_path / "missing") is None
+    _cache(tmp_path, 0, 1, "Data", "48K")
+    assert l2_bytes_per_core(tmp_path) is None
+    (tmp_path / "index1").mkdir()  # an entry sysfs left without its files
+    assert l2_bytes_per_core(tmp_path) is None
+
+
+def test_this_machine_reports_an_l2_or_nothing() -> None:
+    size = l2_bytes_per_core()
+    assert size is None or size >= 64 << 10
+
+
+def test_the_float32_budget_is_smaller_below_1_mib_of_l2() -> None:
+    assert fused_fp32_step_tokens(512 << 10) == SMALL_L2_FP32_STEP_TOKENS == 512
+    assert fused_fp32_step_tokens(1 << 20) == FUSED_FP32_STEP_TOKENS == 768
+    assert fused_fp32_step_tokens(2 << 20) == 768
+    assert fused_fp32_step_tokens(None) == 768  # unknown: the budget measured on the Zen 4
