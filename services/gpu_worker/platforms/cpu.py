@@ -48,9 +48,11 @@ FUSED_FP32_STEP_TOKENS = 768
 # KiB of L2 a core; the Zen 4 above has 1 MiB), 512 against 768 through the service, 2
 # alternated rounds (`benchmarks/results/budget512_vs_768_fp32_serve_ab_zen3_avx2_2026-12-06.md`):
 # at 64 in flight 1.075x output tok/s (by round 1.085 / 1.064), TPOT p99 852 against 952 ms,
-# TTFT p50 2896 against 2968, p99 10739 against 10348; at 16 in flight 1.012x. In-process a
-# burst's prompt token cost 1588 against 1712 us (`benchmarks/prefill_budget.py`, 2 rounds),
-# where on the Zen 4 it costs no more in bigger steps.
+# TTFT p50 2896 against 2968, p99 10739 against 10348; at 16 in flight 1.012x; against vLLM
+# 1.37x at 64 in flight with 768, 1.55x and 1.51x with 512 (README). In-process the prompts
+# alone cost no clearer a difference (`benchmarks/prefill_budget.py`: 1588 against 1712 us a
+# token, then 1516 / 1562, then 1729 / 1604: the box's spread), so the gain is likely in how
+# shorter steps mix with the decodes; why the Zen 4's 768 does not hold here is not known.
 SMALL_L2_FP32_STEP_TOKENS = 512
 SMALL_L2_BYTES = 1 << 20  # below this much L2 a core, the smaller float32 budget
 
