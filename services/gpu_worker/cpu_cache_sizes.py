@@ -20,8 +20,7 @@ def parse_cache_size(text: str) -> int | None:
 def l2_bytes_per_core(caches: Path = CPU0_CACHES) -> int | None:
     """The size of CPU 0's level-2 data (or unified) cache, None where sysfs does not say."""
     try:
-        entries = sorted(caches.glob("index*"))
-        for entry in entries:
+        for entry in sorted(caches.glob("index*")):
             level = (entry / "level").read_text().strip()
             kind = (entry / "type").read_text().strip()
             if level == "2" and kind in ("Unified", "Data"):

@@ -7,7 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core, parse_cache_size
+from pagedserve.services.gpu_worker.cpu_cache_sizes import (
+    CPU0_CACHES,
+    l2_bytes_per_core,
+    parse_cache_size,
+)
 from pagedserve.services.gpu_worker.platforms.cpu import (
     FUSED_FP32_STEP_TOKENS,
     SMALL_L2_FP32_STEP_TOKENS,
@@ -48,9 +52,20 @@ def test_no_l2_in_sysfs_is_unknown(tmp_path: Path) -> None:
     assert l2_bytes_per_core(tmp_path) is None
 
 
-def test_this_machine_reports_an_l2_or_nothing() -> None:
+def test_this_machines_l2_is_read_where_sysfs_lists_one() -> None:
+    """Where this machine's sysfs names a level-2 cache, its size is read (not left unknown)."""
+    listed = [
+        entry
+        for entry in CPU0_CACHES.glob("index*")
+        if (entry / "level").is_file() and (entry / "level").read_text().strip() == "2"
+        and (entry / "type").read_text().strip() in ("Unified", "Data")
+    ]  # fmt: skip
     size = l2_bytes_per_core()
-    assert size is None or size >= 64 << 10
+    if listed:
+        assert size == parse_cache_size((listed[0] / "size").read_text())
+        assert size is not None and size >= 64 << 10
+    else:
+        assert size is None
 
 
 def test_the_float32_budget_is_smaller_below_1_mib_of_l2() -> None:
