@@ -4,7 +4,10 @@
  * its whole context, read in place from the paged cache through its block table. Threads
  * take whole sequences (one thread reads all of a block's heads: 1.5x faster on 2 threads
  * than splitting a sequence's KV heads between them), each claiming its next one before it
- * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h). A prompt
+ * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h). A decode's
+ * or a verification's rows go by row over all the sequence's KV heads at once, one pass over
+ * its keys and one over its values, the rows ahead fetched between the rows' arithmetic
+ * (cpu_attention_by_sequence.h: the same bits as by KV head, 1.2-1.3x a call). A prompt
  * whose work is more than a quarter of a thread's share (bf16) is split into units of rows
  * instead, so that one long prompt does not leave the other threads waiting; within one, each (sequence, KV head)
  * pair scores all the query heads that share that KV head, for all its new tokens, so each
@@ -281,6 +284,8 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
     }
 }
 
+#include "cpu_attention_by_sequence.h" /* uses the above */
+
 /* Whether a bf16 cache is attended with vdpbf16ps (built for it, and head_dim one
  * cpu_attention_bf16_dot.h serves). */
 static inline int on_dot_path(int64_t d, int is_bf16) {
@@ -304,6 +309,12 @@ static inline int on_lanes(int64_t num_new, int64_t group, int64_t d, int is_bf1
     (void)group;
     return 0; /* no dot path in this build */
 #endif
+}
+
+/* Whether a whole sequence's rows are attended by row, all KV heads in one pass
+ * (cpu_attention_by_sequence.h): neither on lanes nor on the bf16 dot path. */
+static inline int by_sequence(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
+    return !on_lanes(num_new, group, d, is_bf16) && !on_dot_path(d, is_bf16);
 }
 
 /* Rows of scores a pair's scratch holds: all its rows by row, or LANES rows per key on lanes
@@ -505,11 +516,27 @@ static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const
 #pragma omp atomic capture
     mine = (*claimed)++;
     int warm = 0; /* whether `mine` was fetched as the last one's lookahead */
+    int64_t fetched_ahead = 0; /* its first key rows the last one fetched (attend_sequence) */
     for (; mine < num_seqs; mine = next) {
 #pragma omp atomic capture
         next = (*claimed)++;
         const int64_t s = seqs[mine];
         const int64_t num_new = query_start[s + 1] - query_start[s];
+        if (num_new > 0 && by_sequence(num_new, num_heads / num_kv_heads, d, is_bf16)) {
+            const int64_t n = next < num_seqs ? seqs[next] : -1;
+            const int fetch_next = n >= 0 && query_start[n + 1] > query_start[n] &&
+                                   by_sequence(query_start[n + 1] - query_start[n],
+                                               num_heads / num_kv_heads, d, is_bf16);
+            attend_sequence(out, q, q_row_stride, k_cache, v_cache,
+                            block_tables + s * max_blocks, seq_lens[s], query_start[s], num_new,
+                            num_heads, num_kv_heads, d, block_size, scale, is_bf16,
+                            fetched_ahead, fetch_next ? block_tables + n * max_blocks : NULL,
+                            fetch_next ? seq_lens[n] : 0, scratch);
+            fetched_ahead = fetch_next ? seq_fetched_ahead(seq_lens[n]) : 0;
+            warm = 0;
+            continue;
+        }
+        fetched_ahead = 0;
         lookahead ahead, *fetching = NULL;
         if (next < num_seqs && num_new > 0) {
             const int64_t n = seqs[next];
@@ -547,6 +574,11 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
                              TILE * head_dim + rows + 1 + (int64_t)seq_lens[s] * head_dim +
                              4 * (int64_t)seq_lens[s] + 4 * rows;
         most = need > most ? need : most;
+        if (by_sequence(num_new, group, head_dim, is_bf16)) {
+            const int64_t whole =
+                seq_scratch(num_new, num_heads, num_kv_heads, seq_lens[s], head_dim);
+            most = whole > most ? whole : most;
+        }
     }
     int64_t work = 0; /* key rows scored, over all pairs: below PARALLEL_MIN_WORK, waking
                          the other threads costs more than they save */

@@ -134,6 +134,43 @@ def test_every_claimed_sequence_is_attended_once(dtype):
     torch.testing.assert_close(out.float(), expected(case), **TOLERANCES[dtype])
 
 
+@pytest.fixture
+def two_threads():
+    """Two OpenMP threads (the kernel's team is torch's), whatever the machine's default."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    yield
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    ("num_heads", "num_kv_heads", "head_dim", "block_size"),
+    [(9, 3, 64, 16), (5, 1, 40, 4), (8, 8, 16, 8)],
+    ids=["smollm2", "odd-group-head-40", "mha-16"],
+)
+def test_a_decode_gets_the_same_bits_alone_or_among_others(
+    dtype, num_heads, num_kv_heads, head_dim, block_size, two_threads
+):
+    """Among other sequences a thread takes a decode's (or a verification's) whole sequence,
+    every KV head in one pass over its keys and one over its values (the next sequence's first
+    keys fetched at its end); alone, one sequence for two threads, its KV heads go to the
+    threads pair by pair, one pass each. The sums run in the same order either way: the same
+    bits, and right."""
+    seq_lens, query_lens = [300, 17, 170, 1, 64, 9, 33], [1, 1, 4, 1, 2, 1, 3]
+    case = make_paged_case(
+        seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=7
+    )
+    together = attend(case, out=poisoned_like(case.query))
+    assert not together.isnan().any()
+    starts = case.query_start_loc.tolist()
+    for s in range(len(seq_lens)):
+        alone = attend(case, seqs=torch.tensor([s]), out=poisoned_like(case.query))
+        rows = slice(starts[s], starts[s + 1])
+        assert torch.equal(alone[rows], together[rows]), f"sequence {s}"
+    torch.testing.assert_close(together.float(), expected(case), **TOLERANCES[dtype])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_split_between_threads_gives_the_same_bits(dtype):
     """A chunk whose work is more than a thread's share is attended in units of rows (on
