@@ -26,6 +26,7 @@
 
 #define SEQ_CHUNK 16 /* value rows weighed per pass of every row: 12 KiB of float32 rows */
 #define SEQ_AHEAD 16 /* rows fetched ahead of those being read (32: no faster) */
+#define SEQ_MAX_NEW 8 /* new tokens a sequence taken this way has at most (see by_sequence) */
 
 /* The rows a sequence reads, in order: its keys (rows 0 .. len), its values (len .. 2 len),
  * then the first next_rows keys of the thread's next sequence (2 len ..), fetched by a cursor
