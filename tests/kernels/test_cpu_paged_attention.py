@@ -156,8 +156,10 @@ def test_a_decode_gets_the_same_bits_alone_or_among_others(
     sequence, every KV head in one pass over its keys and one over its values (the next
     sequence's first keys fetched at its end); alone, one sequence for two threads, its KV
     heads go to the threads pair by pair, one pass each (bf16: pairs both ways off the dot
-    path). The sums run in the same order either way: the same bits, and right."""
-    seq_lens, query_lens = [300, 17, 170, 1, 64, 9, 33], [1, 1, 4, 1, 2, 1, 3]
+    path). Chunks of more new tokens sit between them (12 by pair, 20 on float32's lanes), so
+    a thread passes from one way to the other. The sums run in the same order either way: the
+    same bits, and right."""
+    seq_lens, query_lens = [300, 17, 50, 170, 1, 64, 90, 9, 33], [1, 1, 12, 4, 1, 2, 20, 1, 3]
     case = make_paged_case(
         seq_lens, query_lens, num_heads, num_kv_heads, head_dim, block_size, dtype, seed=7
     )
