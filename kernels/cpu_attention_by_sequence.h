@@ -1,7 +1,7 @@
 /* A decode's (or a verification's) rows of one sequence, all its KV heads together: one pass
  * over its keys in token order, then one over its values, each cached row read once, whole.
  * Included by kernels/cpu_paged_attention.c after score_keys' pieces (cached_row, widen_row,
- * row_offsets, sum_lanes8, softmax_rows, store_row); by_sequence there says which sequences
+ * row_offsets, sum_lanes8, softmax_rows, weigh_rows, store_row); by_sequence there says which sequences
  * come here (float32 caches, up to SEQ_MAX_NEW new tokens: bf16 rows are widened as by pair,
  * but no bf16 cache is sent here, since an AVX2 build's was slower this way).
  *
@@ -28,49 +28,8 @@
 
 #define SEQ_CHUNK 16 /* value rows weighed per pass of every row: 12 KiB of float32 rows */
 #define SEQ_AHEAD 16 /* rows fetched ahead of those being read (32: no faster) */
+/* the cursor that fetches them: seq_fetch, cpu_attention_fetch.h */
 #define SEQ_MAX_NEW 8 /* new tokens a sequence taken this way has at most (see by_sequence) */
-
-/* The rows a sequence reads, in order: its keys (rows 0 .. len), its values (len .. 2 len),
- * then the first next_rows keys of the thread's next sequence (2 len ..), fetched by a cursor
- * SEQ_AHEAD rows ahead of the reading. Prefetches only: no result depends on them. */
-typedef struct {
-    const char *k_cache, *v_cache;
-    const int64_t *offsets;    /* the sequence's rows, in elements into either cache */
-    const int32_t *next_table; /* the next sequence's blocks (next_rows 0: none) */
-    int64_t len, next_rows, block_size, row_elems, elem, row_lines;
-    int64_t row, line; /* the next line to fetch: line `line` of row `row` */
-} seq_fetch;
-
-static inline const char *seq_fetch_row(const seq_fetch *f, int64_t i) {
-    if (i < f->len) return f->k_cache + f->offsets[i] * f->elem;
-    if (i < 2 * f->len) return f->v_cache + f->offsets[i - f->len] * f->elem;
-    i -= 2 * f->len;
-    const int64_t block = f->next_table[i / f->block_size];
-    return f->k_cache + (block * f->block_size + i % f->block_size) * f->row_elems * f->elem;
-}
-
-/* Fetch up to `most` lines, none of row `target` or after (nor past the last row). */
-static inline void seq_fetch_to(seq_fetch *f, int64_t target, int64_t most) {
-    const int64_t end = 2 * f->len + f->next_rows;
-    target = target < end ? target : end;
-    while (most > 0 && f->row < target) {
-        const char *row = seq_fetch_row(f, f->row);
-        const int64_t stop = f->row_lines - f->line < most ? f->row_lines : f->line + most;
-        for (int64_t line = f->line; line < stop; line++) __builtin_prefetch(row + 64 * line);
-        most -= stop - f->line;
-        f->line = stop;
-        if (stop == f->row_lines) {
-            f->line = 0;
-            f->row++;
-        }
-    }
-}
-
-/* The lines before row `target` still to fetch, shared over `parts` pieces of arithmetic. */
-static inline int64_t seq_fetch_share(const seq_fetch *f, int64_t target, int64_t parts) {
-    const int64_t lines = (target - f->row) * f->row_lines - f->line;
-    return lines > 0 ? (lines + parts - 1) / parts : 0;
-}
 
 /* scores[R * stride + t] for every row R = h * rows + r of every KV head h (rows a head),
  * TILE keys at a time, each key row (all heads) read once. */
@@ -109,75 +68,6 @@ static void seq_score_keys(float *scores, int64_t stride, const float *queries, 
     }
 }
 
-/* acc[r * d + 8 k] for ROWS rows and WIDTH / 8 vectors += sum over t < n of
- * weights[r * stride + t] * value t [vc + 8 k]: WEIGH's sums, continued from what acc holds. */
-#define WEIGH_ON(ROWS, WIDTH)                                                                 \
-    static inline void weigh_on_##ROWS##x##WIDTH(float *acc, int64_t d, const float *weights, \
-                                                 int64_t stride, const float **value,         \
-                                                 int64_t n, int64_t vc) {                      \
-        v8f a[ROWS][WIDTH / 8];                                                               \
-        for (int r = 0; r < ROWS; r++)                                                        \
-            for (int k = 0; k < WIDTH / 8; k++) a[r][k] = load8(acc + r * d + 8 * k);         \
-        for (int64_t t = 0; t < n; t++) {                                                     \
-            v8f p[ROWS];                                                                      \
-            for (int r = 0; r < ROWS; r++) p[r] = (v8f){0} + weights[r * stride + t];         \
-            for (int k = 0; k < WIDTH / 8; k++) {                                             \
-                const v8f x = load8(value[t] + vc + 8 * k);                                   \
-                for (int r = 0; r < ROWS; r++) a[r][k] += p[r] * x;                           \
-            }                                                                                 \
-        }                                                                                     \
-        for (int r = 0; r < ROWS; r++)                                                        \
-            for (int k = 0; k < WIDTH / 8; k++) store8(acc + r * d + 8 * k, a[r][k]);         \
-    }
-WEIGH_ON(2, 32)
-WEIGH_ON(2, 8)
-WEIGH_ON(1, 64)
-WEIGH_ON(1, 32)
-WEIGH_ON(1, 8)
-
-/* The slices (passes over a chunk's values) seq_weigh_head makes for `rows` rows. */
-static inline int64_t seq_weigh_slices(int64_t rows, int64_t d) {
-    return rows / 2 * (d / 32 + d % 32 / 8) + rows % 2 * (d / 64 + d % 64 / 32 + d % 32 / 8);
-}
-
-/* One head's `rows` rows over a chunk's n value rows: weigh_values' slices, continued, each
- * after its share of the fetching. */
-static inline void seq_weigh_head(float *acc, const float *weights, int64_t stride, int64_t rows,
-                                  const float **value, int64_t n, int64_t d, int64_t head_col,
-                                  seq_fetch *fetch, int64_t target, int64_t share) {
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        float *out = acc + r * d;
-        const float *w = weights + r * stride;
-        int64_t c = 0;
-        for (; c + 32 <= d; c += 32) {
-            seq_fetch_to(fetch, target, share);
-            weigh_on_2x32(out + c, d, w, stride, value, n, head_col + c);
-        }
-        for (; c < d; c += 8) {
-            seq_fetch_to(fetch, target, share);
-            weigh_on_2x8(out + c, d, w, stride, value, n, head_col + c);
-        }
-    }
-    if (r < rows) {
-        float *out = acc + r * d;
-        const float *w = weights + r * stride;
-        int64_t c = 0;
-        for (; c + 64 <= d; c += 64) {
-            seq_fetch_to(fetch, target, share);
-            weigh_on_1x64(out + c, d, w, stride, value, n, head_col + c);
-        }
-        for (; c + 32 <= d; c += 32) {
-            seq_fetch_to(fetch, target, share);
-            weigh_on_1x32(out + c, d, w, stride, value, n, head_col + c);
-        }
-        for (; c < d; c += 8) {
-            seq_fetch_to(fetch, target, share);
-            weigh_on_1x8(out + c, d, w, stride, value, n, head_col + c);
-        }
-    }
-}
-
 /* acc[R * d ...] = sum over t of weights[R * stride + t] * value t's head h part, for every
  * row R = h * rows + r, SEQ_CHUNK value rows at a time (widened into rows_f for bf16). */
 static void seq_weigh_values(float *acc, const float *weights, int64_t stride, int64_t rows,
@@ -185,7 +75,7 @@ static void seq_weigh_values(float *acc, const float *weights, int64_t stride, i
                              int64_t seq_len, int64_t d, int is_bf16, float *rows_f,
                              const float **value, seq_fetch *fetch) {
     const int64_t cache_row = num_kv_heads * d;
-    const int64_t slices = num_kv_heads * seq_weigh_slices(rows, d);
+    const int64_t slices = num_kv_heads * weigh_slices(rows, d);
     memset(acc, 0, (size_t)(num_kv_heads * rows * d) * sizeof(float));
     for (int64_t t0 = 0; t0 < seq_len; t0 += SEQ_CHUNK) {
         const int64_t n = seq_len - t0 < SEQ_CHUNK ? seq_len - t0 : SEQ_CHUNK;
@@ -195,8 +85,8 @@ static void seq_weigh_values(float *acc, const float *weights, int64_t stride, i
             value[i] = cached_row(v_cache, offsets[t0 + i], cache_row, is_bf16,
                                   rows_f + i * cache_row);
         for (int64_t h = 0; h < num_kv_heads; h++)
-            seq_weigh_head(acc + h * rows * d, weights + h * rows * stride + t0, stride, rows,
-                           value, n, d, h * d, fetch, target, share);
+            weigh_rows(acc + h * rows * d, weights + h * rows * stride + t0, stride, rows, value,
+                       n, d, h * d, fetch, target, share);
         seq_fetch_to(fetch, target, INT64_MAX);
     }
 }

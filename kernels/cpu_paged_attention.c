@@ -52,6 +52,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cpu_attention_fetch.h"
 #include "cpu_attention_lookahead.h"
 #include "cpu_bf16.h"
 #include "cpu_exp.h"
@@ -234,30 +235,78 @@ static void softmax_rows(float *scores, int64_t stride, int64_t rows, int64_t fi
     }
 }
 
-/* acc[r * d + c ...] for ROWS rows from r = 0 = sum over t of weights[r * stride + t] * value
- * t [c ...], WIDTH floats from c: ROWS * WIDTH / 8 sums in registers, each value load shared
- * by the ROWS rows. Every lane adds its terms in the order of t, whatever ROWS and WIDTH. */
+/* acc[r * d + 8 k] for ROWS rows and WIDTH / 8 vectors += sum over t < n of
+ * weights[r * stride + t] * value t [vc + 8 k]: ROWS * WIDTH / 8 sums in registers, continued
+ * from what acc holds, each value load shared by the ROWS rows. Every lane adds its terms in
+ * the order of t, whatever ROWS and WIDTH, and a sum run over the values in chunks (by
+ * sequence) is the same chain as one run over them all (by pair). */
 #define WEIGH(ROWS, WIDTH)                                                                    \
     static inline void weigh_##ROWS##x##WIDTH(float *acc, int64_t d, const float *weights,   \
                                                int64_t stride, const float **value,          \
-                                               int64_t seq_len, int64_t c) {                 \
-        v8f a[ROWS][WIDTH / 8] = {{0}};                                                      \
-        for (int64_t t = 0; t < seq_len; t++) {                                              \
+                                               int64_t n, int64_t vc) {                      \
+        v8f a[ROWS][WIDTH / 8];                                                              \
+        for (int r = 0; r < ROWS; r++)                                                       \
+            for (int k = 0; k < WIDTH / 8; k++) a[r][k] = load8(acc + r * d + 8 * k);        \
+        for (int64_t t = 0; t < n; t++) {                                                    \
             v8f p[ROWS];                                                                     \
             for (int r = 0; r < ROWS; r++) p[r] = (v8f){0} + weights[r * stride + t];        \
             for (int k = 0; k < WIDTH / 8; k++) {                                            \
-                const v8f x = load8(value[t] + c + 8 * k);                                   \
+                const v8f x = load8(value[t] + vc + 8 * k);                                  \
                 for (int r = 0; r < ROWS; r++) a[r][k] += p[r] * x;                          \
             }                                                                                \
         }                                                                                    \
         for (int r = 0; r < ROWS; r++)                                                       \
-            for (int k = 0; k < WIDTH / 8; k++) store8(acc + r * d + c + 8 * k, a[r][k]);    \
+            for (int k = 0; k < WIDTH / 8; k++) store8(acc + r * d + 8 * k, a[r][k]);        \
     }
 WEIGH(2, 32) /* 8 independent sums: both FMA units busy, 6 loads for 8 FMAs */
 WEIGH(2, 8)
 WEIGH(1, 64)
 WEIGH(1, 32)
 WEIGH(1, 8)
+
+/* The slices (passes over the values) weigh_rows makes for `rows` rows of head_dim d. */
+static inline int64_t weigh_slices(int64_t rows, int64_t d) {
+    return rows / 2 * (d / 32 + d % 32 / 8) + rows % 2 * (d / 64 + d % 64 / 32 + d % 32 / 8);
+}
+
+/* acc[r * d ...] += sum over t < n of weights[r * stride + t] * value t [vc ...], d floats, for
+ * `rows` rows: two rows at a time, 32 floats a slice, the odd row last; each slice after a
+ * `share` of the fetching up to row `target` (fetch NULL: none). */
+static inline void weigh_rows(float *acc, const float *weights, int64_t stride, int64_t rows,
+                              const float **value, int64_t n, int64_t d, int64_t vc,
+                              seq_fetch *fetch, int64_t target, int64_t share) {
+    int64_t r = 0;
+    for (; r + 2 <= rows; r += 2) {
+        float *out = acc + r * d;
+        const float *w = weights + r * stride;
+        int64_t c = 0;
+        for (; c + 32 <= d; c += 32) {
+            seq_fetch_to(fetch, target, share);
+            weigh_2x32(out + c, d, w, stride, value, n, vc + c);
+        }
+        for (; c < d; c += 8) {
+            seq_fetch_to(fetch, target, share);
+            weigh_2x8(out + c, d, w, stride, value, n, vc + c);
+        }
+    }
+    if (r < rows) {
+        float *out = acc + r * d;
+        const float *w = weights + r * stride;
+        int64_t c = 0;
+        for (; c + 64 <= d; c += 64) {
+            seq_fetch_to(fetch, target, share);
+            weigh_1x64(out + c, d, w, stride, value, n, vc + c);
+        }
+        for (; c + 32 <= d; c += 32) {
+            seq_fetch_to(fetch, target, share);
+            weigh_1x32(out + c, d, w, stride, value, n, vc + c);
+        }
+        for (; c < d; c += 8) {
+            seq_fetch_to(fetch, target, share);
+            weigh_1x8(out + c, d, w, stride, value, n, vc + c);
+        }
+    }
+}
 
 /* acc[r * d ...] = sum over t of weights[r * stride + t] * value t. `rows_f` receives the
  * value rows as float32 (bf16 ones are widened there; float32 ones are used in place). */
@@ -266,22 +315,8 @@ static void weigh_values(float *acc, const float *weights, int64_t stride, int64
                          int is_bf16, float *rows_f, const float **value) {
     for (int64_t t = 0; t < seq_len; t++)
         value[t] = cached_row(v_cache, offsets[t], d, is_bf16, rows_f + t * d);
-    int64_t r = 0;
-    for (; r + 2 <= rows; r += 2) {
-        float *out = acc + r * d;
-        const float *w = weights + r * stride;
-        int64_t c = 0;
-        for (; c + 32 <= d; c += 32) weigh_2x32(out, d, w, stride, value, seq_len, c);
-        for (; c < d; c += 8) weigh_2x8(out, d, w, stride, value, seq_len, c);
-    }
-    if (r < rows) {
-        float *out = acc + r * d;
-        const float *w = weights + r * stride;
-        int64_t c = 0;
-        for (; c + 64 <= d; c += 64) weigh_1x64(out, d, w, stride, value, seq_len, c);
-        for (; c + 32 <= d; c += 32) weigh_1x32(out, d, w, stride, value, seq_len, c);
-        for (; c < d; c += 8) weigh_1x8(out, d, w, stride, value, seq_len, c);
-    }
+    memset(acc, 0, (size_t)(rows * d) * sizeof(float));
+    weigh_rows(acc, weights, stride, rows, value, seq_len, d, 0, NULL, 0, 0);
 }
 
 #include "cpu_attention_by_sequence.h" /* uses the above */
