@@ -79,45 +79,55 @@ def _order(name: str) -> tuple[bool, int]:
 
 
 class PlanRecorder:
-    """Keeps the last plan the engine's scheduler made (wraps its `schedule`)."""
+    """Keeps the last plan the engine's scheduler made, while in a `with` block (wraps the
+    scheduler's `schedule`, and puts it back after)."""
 
     def __init__(self, scheduler: Any) -> None:
         self.plan: Any = None
-        self._schedule = scheduler.schedule
-        scheduler.schedule = self._record
+        self._scheduler = scheduler
 
-    def _record(self) -> Any:
-        self.plan = self._schedule()
-        return self.plan
+    def __enter__(self) -> PlanRecorder:
+        schedule = self._scheduler.schedule
+
+        def record(*args: Any, **kwargs: Any) -> Any:
+            self.plan = schedule(*args, **kwargs)
+            return self.plan
+
+        self._scheduler.schedule = record
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        del self._scheduler.schedule  # the class's method again
 
 
 def run_level(
     engine: Any, requests: Sequence[Any], concurrency: int
 ) -> tuple[list[StepRecord], float]:
     """Every request, `concurrency` in flight, a new one as each finishes; the steps and wall."""
-    recorder = PlanRecorder(engine.scheduler)
+    run = f"level{time.monotonic_ns()}"
     waiting = list(enumerate(requests))
     admit = min(concurrency, len(waiting))
-    _submit(engine, waiting[:admit])
+    _submit(engine, run, waiting[:admit])
     waiting = waiting[admit:]
     records: list[StepRecord] = []
     start = time.perf_counter()
-    while engine.has_unfinished_requests():
-        step_start = time.perf_counter()
-        deltas = engine.step()
-        seconds = time.perf_counter() - step_start
-        if recorder.plan is not None and not recorder.plan.is_empty:
-            tokens = sum(len(d.token_ids) + (d.stop_token_id is not None) for d in deltas)
-            records.append(step_record(recorder.plan, seconds, tokens))
-        finished = sum(1 for d in deltas if d.finished)
-        _submit(engine, waiting[:finished])
-        waiting = waiting[finished:]
+    with PlanRecorder(engine.scheduler) as recorder:
+        while engine.has_unfinished_requests():
+            step_start = time.perf_counter()
+            deltas = engine.step()
+            seconds = time.perf_counter() - step_start
+            if recorder.plan is not None and not recorder.plan.is_empty:
+                tokens = sum(len(d.token_ids) + (d.stop_token_id is not None) for d in deltas)
+                records.append(step_record(recorder.plan, seconds, tokens))
+            finished = sum(1 for d in deltas if d.finished)
+            _submit(engine, run, waiting[:finished])
+            waiting = waiting[finished:]
     return records, time.perf_counter() - start
 
 
-def _submit(engine: Any, indexed: Sequence[tuple[int, Any]]) -> None:
+def _submit(engine: Any, run: str, indexed: Sequence[tuple[int, Any]]) -> None:
     for index, request in indexed:
-        submit(engine, [request], prefix=f"level-{index}")
+        submit(engine, [request], prefix=f"{run}-{index}")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -50,6 +50,19 @@ def test_the_split_adds_up_by_bucket_in_order():
     assert table["prompt, 64+ seqs"]["prompt_tokens"] == 450
 
 
+def test_the_recorder_keeps_the_last_plan_and_gives_the_scheduler_back():
+    class Scheduler:
+        def schedule(self, plan_ahead: bool = False) -> tuple[str, bool]:
+            return ("plan", plan_ahead)
+
+    scheduler = Scheduler()
+    with level_split.PlanRecorder(scheduler) as recorder:
+        assert scheduler.schedule(plan_ahead=True) == ("plan", True)
+        assert recorder.plan == ("plan", True)
+    assert "schedule" not in vars(scheduler)  # the class's method again
+    assert scheduler.schedule() == ("plan", False) and recorder.plan == ("plan", True)
+
+
 def test_a_small_level_runs_every_request_with_at_most_so_many_in_flight(tmp_path, capsys):
     flags = ["--num-prompts", "6", "--prompt-len", "12", "--prompt-len-range", "4,40",
              "--output-len", "5", "--output-len-range", "2,12"]  # fmt: skip
