@@ -50,32 +50,30 @@ def step_record(plan: Any, seconds: float, output_tokens: int) -> StepRecord:
     return StepRecord(seconds, num_seqs, prompt, drafts, output_tokens)
 
 
-def bucket(record: StepRecord) -> str:
-    kind = "prompt" if record.prompt_tokens else "decode"
+def bucket(record: StepRecord) -> tuple[bool, int]:
+    """(carries a prompt chunk, the largest size bucket its sequences reach): sorts in order."""
     size = max((b for b in SIZE_BUCKETS if record.num_seqs >= b), default=SIZE_BUCKETS[0])
-    return f"{kind}, {size}+ seqs"
+    return record.prompt_tokens > 0, size
 
 
 def split(records: Sequence[StepRecord], wall_s: float) -> dict[str, dict[str, float]]:
     """Steps, seconds, share of the wall and tokens by bucket, in bucket order."""
-    table: dict[str, dict[str, float]] = {}
+    rows: dict[tuple[bool, int], dict[str, float]] = {}
     for record in records:
-        row = table.setdefault(bucket(record), dict.fromkeys(
+        row = rows.setdefault(bucket(record), dict.fromkeys(
             ("steps", "seconds", "share_of_wall", "prompt_tokens", "output_tokens"), 0.0
         ))  # fmt: skip
         row["steps"] += 1
         row["seconds"] += record.seconds
         row["prompt_tokens"] += record.prompt_tokens
         row["output_tokens"] += record.output_tokens
-    for row in table.values():
+    for row in rows.values():
         row["share_of_wall"] = row["seconds"] / wall_s
         row["ms_per_step"] = 1e3 * row["seconds"] / row["steps"]
-    return dict(sorted(table.items(), key=lambda item: _order(item[0])))
-
-
-def _order(name: str) -> tuple[bool, int]:
-    kind, size = name.split(", ")
-    return kind == "prompt", int(size.split("+")[0])
+    return {
+        f"{'prompt' if prompt else 'decode'}, {size}+ seqs": rows[(prompt, size)]
+        for prompt, size in sorted(rows)
+    }
 
 
 class PlanRecorder:
@@ -138,6 +136,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--out", default=None, help="also write the split and machine as JSON here")
     args = p.parse_args(argv)
+    if args.concurrency < 1:
+        p.error(f"--concurrency must be at least 1, got {args.concurrency}")
     workload = workload_args(args)
     requests = build_workload(workload)[0]
     workload.seed, workload.num_prompts = args.seed + 1, 4

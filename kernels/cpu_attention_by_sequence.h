@@ -1,9 +1,9 @@
 /* A decode's (or a verification's) rows of one sequence, all its KV heads together: one pass
  * over its keys in token order, then one over its values, each cached row read once, whole.
  * Included by kernels/cpu_paged_attention.c after score_keys' pieces (cached_row, widen_row,
- * row_offsets, sum_lanes8, softmax_rows, weigh_rows, store_row); by_sequence there says which sequences
- * come here (float32 caches, up to SEQ_MAX_NEW new tokens: bf16 rows are widened as by pair,
- * but no bf16 cache is sent here, since an AVX2 build's was slower this way).
+ * row_offsets, sum_lanes8, softmax_rows, weigh_rows, store_row); by_sequence there says which
+ * sequences come here (float32 caches, up to SEQ_MAX_NEW new tokens: bf16 rows are widened as
+ * by pair, but no bf16 cache is sent here, since an AVX2 build's was slower this way).
  *
  * By (sequence, KV head) pair (attend_pair), a thread read a sequence's cache three times
  * (once a KV head), each pass a third of every token's lines, so the lines had to wait in L2

@@ -349,9 +349,9 @@ static inline int on_lanes(int64_t num_new, int64_t group, int64_t d, int is_bf1
 /* Whether a whole sequence's rows are attended by row, all KV heads in one pass
  * (cpu_attention_by_sequence.h): a float32 cache's decodes and verifications, up to
  * SEQ_MAX_NEW new tokens (by sequence, chunks of 12-16 new tokens took 1.05x as long a call,
- * chunks of 8 0.92-0.96x; 2-core Zen 3). A bf16 cache off the dot path (an AVX2 build) keeps the pairs: by
- * sequence its prompts, all by row there, took 1.2-1.3x as long a call and its verifications
- * 1.06-1.09x (against 1.07-1.13x faster single-token decodes). */
+ * chunks of 8 0.92-0.96x; 2-core Zen 3). A bf16 cache off the dot path (an AVX2 build) keeps
+ * the pairs: by sequence its prompts, all by row there, took 1.2-1.3x as long a call and its
+ * verifications 1.06-1.09x (against 1.07-1.13x faster single-token decodes). */
 static inline int by_sequence(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
     return !is_bf16 && num_new <= SEQ_MAX_NEW && !on_lanes(num_new, group, d, is_bf16);
 }

@@ -63,6 +63,12 @@ def test_the_recorder_keeps_the_last_plan_and_gives_the_scheduler_back():
     assert scheduler.schedule() == ("plan", False) and recorder.plan == ("plan", True)
 
 
+def test_no_one_in_flight_is_refused_by_name(capsys):
+    with pytest.raises(SystemExit):
+        level_split.main(["--concurrency", "0"])
+    assert "--concurrency must be at least 1, got 0" in capsys.readouterr().err
+
+
 def test_a_small_level_runs_every_request_with_at_most_so_many_in_flight(tmp_path, capsys):
     flags = ["--num-prompts", "6", "--prompt-len", "12", "--prompt-len-range", "4,40",
              "--output-len", "5", "--output-len-range", "2,12"]  # fmt: skip
