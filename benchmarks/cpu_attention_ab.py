@@ -29,6 +29,8 @@ from pathlib import Path
 import torch
 
 from pagedserve.kernels import cpu_build, cpu_paged_attention
+from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core
+from pagedserve.services.gpu_worker.platforms.cpu import single_decodes_by_sequence
 
 NUM_HEADS, NUM_KV_HEADS, HEAD_DIM, BLOCK_SIZE = 9, 3, 64, 16
 # (sequences, typical context, new tokens per sequence)
@@ -42,6 +44,9 @@ PROMPT_CASES = [
     ("16 decodes ~176 + chunk 64 of 300", [176] * 16 + [300], [1] * 16 + [64]),
     ("prompt 500", [500], [500]),
 ]
+
+
+ORDERS = ("machine", "by-sequence", "by-pair")
 
 
 def build_at_revision(revision: str, directory: Path) -> Path:
@@ -134,12 +139,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=300, help="calls per library and case")
     parser.add_argument("--layers", type=int, default=30, help="caches the calls rotate over")
+    parser.add_argument(
+        "--single-decodes", choices=ORDERS, default="machine",
+        help="how this tree's kernel attends float32 single-token decodes: as the worker picks "
+        "for this machine's L2 (platforms/cpu.py), or forced; a base library keeps its default",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     head = cpu_paged_attention.load()
     if head is None:
         print("this tree's kernel does not build here", file=sys.stderr)
         return 2
+    by_sequence = cpu_paged_attention.set_single_decodes_by_sequence(
+        single_decodes_by_sequence(l2_bytes_per_core())
+        if args.single_decodes == "machine"
+        else args.single_decodes == "by-sequence"
+    )
     with tempfile.TemporaryDirectory() as directory:
         try:
             base = ctypes.CDLL(str(build_at_revision(args.base, Path(directory))))
@@ -150,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     base.paged_attention.argtypes = head.paged_attention.argtypes
     print(
         f"base {args.base}, {args.threads} threads, {torch.backends.cpu.get_cpu_capability()}, "
-        f"{args.layers} caches in turn"
+        f"{args.layers} caches in turn, this tree's float32 single-token decodes "
+        f"{'by sequence' if by_sequence else 'by pair'}"
     )
     print("| seqs | context | new | dtype | base us | this tree us | speed-up | identical |")
     print("|---|---|---|---|---|---|---|---|")

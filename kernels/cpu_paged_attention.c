@@ -334,6 +334,16 @@ static inline int on_dot_path(int64_t d, int is_bf16) {
 
 #define LANES 16 /* rows a block on either path's lanes: DOT_LANES, F32_LANES */
 
+/* Whether a float32 decode of one new token goes by sequence (1, the default) or by pair, for
+ * the whole process (paged_attention_set_single_decodes_by_sequence; the worker sets it at
+ * start from the core's L2, services/gpu_worker/platforms/cpu.py). By pair the lookahead
+ * fetches the next sequence's rows whole into L2 (up to WARM_BYTES, 512 KiB); where a core has
+ * 1 MiB of L2 that was faster: 2-core Zen 4, 64 sequences of ~300 tokens, by sequence took
+ * 1.26-1.36x as long a call (AVX2 build and AVX-512 build), 1.07-1.10x at 16 of ~176, while
+ * with 4 new tokens by sequence stayed faster (0.89-0.93x as long). On a Zen 3, 512 KiB of L2,
+ * by sequence took 0.72-0.76x as long at 16-64 single-token decodes. The same bits either way. */
+static int single_decodes_by_sequence = 1;
+
 /* Whether a pair's rows (num_new new tokens, `group` query heads a KV head) go through lanes:
  * the bf16 dot path's (dot_attend_rows), or a float32 prompt chunk's (f32_attend_rows). */
 static inline int on_lanes(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
@@ -351,9 +361,12 @@ static inline int on_lanes(int64_t num_new, int64_t group, int64_t d, int is_bf1
  * SEQ_MAX_NEW new tokens (by sequence, chunks of 12-16 new tokens took 1.05x as long a call,
  * chunks of 8 0.92-0.96x; 2-core Zen 3). A bf16 cache off the dot path (an AVX2 build) keeps
  * the pairs: by sequence its prompts, all by row there, took 1.2-1.3x as long a call and its
- * verifications 1.06-1.09x (against 1.07-1.13x faster single-token decodes). */
-static inline int by_sequence(int64_t num_new, int64_t group, int64_t d, int is_bf16) {
-    return !is_bf16 && num_new <= SEQ_MAX_NEW && !on_lanes(num_new, group, d, is_bf16);
+ * verifications 1.06-1.09x (against 1.07-1.13x faster single-token decodes).
+ * Single-token decodes only where `singles` (single_decodes_by_sequence, read once a call). */
+static inline int by_sequence(int64_t num_new, int64_t group, int64_t d, int is_bf16,
+                              int singles) {
+    return !is_bf16 && num_new <= SEQ_MAX_NEW && (num_new > 1 || singles) &&
+           !on_lanes(num_new, group, d, is_bf16);
 }
 
 /* Rows of scores a pair's scratch holds: all its rows by row, or LANES rows per key on lanes
@@ -542,13 +555,14 @@ static void attend_rows(void *out, const void *q, int64_t q_row_stride, const vo
 /* The whole sequences this thread claims from `claimed` (shared by the team), one at a time,
  * each claimed before the last is attended so that its rows are fetched during the last
  * one's scores (cpu_attention_lookahead.h). Threads still take sequences as they come free.
- * scratch NULL (it could not be allocated): claims and attends nothing. */
+ * `singles`: by_sequence's. scratch NULL (it could not be allocated): claims and attends
+ * nothing. */
 static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t max_blocks,
                            const int32_t *seq_lens, const int32_t *query_start,
                            const int32_t *seqs, int64_t num_seqs, int64_t num_heads,
                            int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
-                           int is_bf16, int64_t *claimed, float *scratch) {
+                           int is_bf16, int singles, int64_t *claimed, float *scratch) {
     if (scratch == NULL) return;
     const int64_t token_bytes = num_kv_heads * d * (is_bf16 ? 2 : 4);
     int64_t mine, next;
@@ -561,11 +575,11 @@ static void attend_claimed(void *out, const void *q, int64_t q_row_stride, const
         next = (*claimed)++;
         const int64_t s = seqs[mine];
         const int64_t num_new = query_start[s + 1] - query_start[s];
-        if (num_new > 0 && by_sequence(num_new, num_heads / num_kv_heads, d, is_bf16)) {
+        if (num_new > 0 && by_sequence(num_new, num_heads / num_kv_heads, d, is_bf16, singles)) {
             const int64_t n = next < num_seqs ? seqs[next] : -1;
             const int fetch_next = n >= 0 && query_start[n + 1] > query_start[n] &&
                                    by_sequence(query_start[n + 1] - query_start[n],
-                                               num_heads / num_kv_heads, d, is_bf16);
+                                               num_heads / num_kv_heads, d, is_bf16, singles);
             attend_sequence(out, q, q_row_stride, k_cache, v_cache,
                             block_tables + s * max_blocks, seq_lens[s], query_start[s], num_new,
                             num_heads, num_kv_heads, d, block_size, scale, is_bf16,
@@ -604,6 +618,7 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
                     int64_t num_seqs, int64_t num_heads, int64_t num_kv_heads, int64_t head_dim,
                     int64_t block_size, float scale, int is_bf16) {
     const int64_t group = num_heads / num_kv_heads;
+    const int singles = single_decodes_by_sequence;
     int64_t most = 0; /* the largest scratch any pair needs */
     for (int64_t i = 0; i < num_seqs; i++) {
         const int64_t s = seqs[i];
@@ -613,7 +628,7 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
                              TILE * head_dim + rows + 1 + (int64_t)seq_lens[s] * head_dim +
                              4 * (int64_t)seq_lens[s] + 4 * rows;
         most = need > most ? need : most;
-        if (by_sequence(num_new, group, head_dim, is_bf16)) {
+        if (by_sequence(num_new, group, head_dim, is_bf16, singles)) {
             const int64_t whole =
                 seq_scratch(num_new, num_heads, num_kv_heads, seq_lens[s], head_dim);
             most = whole > most ? whole : most;
@@ -699,7 +714,7 @@ int paged_attention(void *out, const void *q, int64_t q_row_stride, const void *
         } else {
             attend_claimed(out, q, q_row_stride, k_cache, v_cache, block_tables, max_blocks,
                            seq_lens, query_start, whole, num_whole, num_heads, num_kv_heads,
-                           head_dim, block_size, scale, is_bf16, &claimed, scratch);
+                           head_dim, block_size, scale, is_bf16, singles, &claimed, scratch);
         }
         free(scratch);
     }
@@ -717,4 +732,10 @@ int paged_attention_uses_bf16_dot(int64_t head_dim) { return on_dot_path(head_di
  * needs SDPA. */
 int paged_attention_takes_any_chunk(int64_t head_dim, int is_bf16) {
     return is_bf16 ? on_dot_path(head_dim, 1) : f32_lanes_support(head_dim);
+}
+
+/* Sets single_decodes_by_sequence (0 or 1) and returns it. Not while a call runs. */
+int paged_attention_set_single_decodes_by_sequence(int on) {
+    single_decodes_by_sequence = on != 0;
+    return single_decodes_by_sequence;
 }

@@ -47,6 +47,7 @@ KERNEL = cpu_build.CKernel(
         "paged_attention",
         "paged_attention_uses_bf16_dot",
         "paged_attention_takes_any_chunk",
+        "paged_attention_set_single_decodes_by_sequence",
     ),
     flags=extra_flags,
 )
@@ -64,6 +65,17 @@ def uses_bf16_dot(head_dim: int = 64) -> bool:
     (built for a CPU with AVX512-BF16; head_dim a multiple of 64, at most 256)."""
     library = load()
     return library is not None and bool(library.paged_attention_uses_bf16_dot(head_dim))
+
+
+def set_single_decodes_by_sequence(on: bool) -> bool | None:
+    """Whether the loaded kernel attends a float32 cache's single-token decodes by sequence
+    (all KV heads in one pass) or by (sequence, KV head) pair, for this process: which is faster
+    follows the core's L2 (see the C source; the worker decides, `platforms/cpu.py`). The same
+    bits either way. Returns the setting, None where the kernel is not loaded."""
+    library = load()
+    if library is None:
+        return None
+    return bool(library.paged_attention_set_single_decodes_by_sequence(int(on)))
 
 
 # The most new tokens of one sequence the kernel attends where it has no lanes for longer

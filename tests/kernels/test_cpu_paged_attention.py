@@ -173,6 +173,33 @@ def test_a_decode_gets_the_same_bits_alone_or_among_others(
     torch.testing.assert_close(together.float(), expected(case), **TOLERANCES[dtype])
 
 
+@pytest.fixture
+def single_decodes_restored():
+    """The kernel's order for float32 single-token decodes put back after the test."""
+    yield
+    assert cpu_paged_attention.set_single_decodes_by_sequence(True) is True
+
+
+@pytest.mark.parametrize("num_seqs", [2, 40])
+def test_single_decodes_get_the_same_bits_by_sequence_or_by_pair(
+    num_seqs, two_threads, single_decodes_restored
+):
+    """The worker picks, for the process, whether a float32 decode of one new token goes by
+    sequence or by (sequence, KV head) pair (platforms/cpu.py, from the core's L2). Either way
+    the same bits, beside verifications (by sequence both ways) and a chunk on lanes, and
+    right."""
+    seq_lens = [300 - 7 * i for i in range(num_seqs)] + [90, 40]
+    query_lens = [1 if i % 5 else 4 for i in range(num_seqs)] + [20, 1]
+    case = make_paged_case(seq_lens, query_lens, 9, 3, 64, 16, torch.float32, seed=11)
+    assert cpu_paged_attention.set_single_decodes_by_sequence(False) is False
+    by_pair = attend(case, out=poisoned_like(case.query))
+    assert cpu_paged_attention.set_single_decodes_by_sequence(True) is True
+    by_sequence = attend(case, out=poisoned_like(case.query))
+    assert not by_pair.isnan().any()
+    assert torch.equal(by_pair, by_sequence)
+    torch.testing.assert_close(by_pair, expected(case), **TOLERANCES[torch.float32])
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_split_between_threads_gives_the_same_bits(dtype):
     """A chunk whose work is more than a thread's share is attended in units of rows (on

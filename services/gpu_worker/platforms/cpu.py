@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from pagedserve.kernels import cpu_paged_attention
 from pagedserve.services.gpu_worker.cpu_cache_sizes import l2_bytes_per_core
 from pagedserve.services.gpu_worker.cpu_threads import cpu_threads, most_threads
 from pagedserve.services.gpu_worker.kv_cache import DEFAULT_CPU_KV_CACHE_BYTES, num_blocks_for_bytes
@@ -64,6 +65,15 @@ def fused_fp32_step_tokens(l2_bytes: int | None) -> int:
     return FUSED_FP32_STEP_TOKENS
 
 
+def single_decodes_by_sequence(l2_bytes: int | None) -> bool:
+    """Whether the CPU attention kernel takes float32 single-token decodes by sequence: where a
+    core has less than 1 MiB of L2 (None: unknown, as the Zen 4's). By pair the kernel fetches
+    the next sequence's rows whole into L2 (512 KiB at most), which a 1 MiB L2 holds: on a
+    2-core Zen 4 by sequence took 1.26-1.36x as long a call at 64 sequences of ~300 tokens, on
+    a Zen 3 (512 KiB) 0.72-0.76x (`python -m benchmarks.cpu_attention_ab`; the C source)."""
+    return l2_bytes is not None and l2_bytes < SMALL_L2_BYTES
+
+
 def cpu_supports_bf16() -> bool:
     """Native bf16 matmuls: the CPU has them, and neither torch's kernel capability
     (ATEN_CPU_CAPABILITY) nor oneDNN's (ONEDNN_MAX_CPU_ISA) is capped below AVX-512, as they
@@ -85,6 +95,9 @@ class CpuPlatform(BasePlatform):
 
     def set_up_process(self, rank: int, world_size: int) -> None:
         torch.set_num_threads(cpu_threads(world_size))
+        cpu_paged_attention.set_single_decodes_by_sequence(
+            single_decodes_by_sequence(l2_bytes_per_core())
+        )
 
     def default_dtype(self) -> torch.dtype:
         return torch.bfloat16 if cpu_supports_bf16() else torch.float32

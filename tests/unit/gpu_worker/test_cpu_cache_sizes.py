@@ -1,21 +1,26 @@
-"""The per-core L2 size read from sysfs (`cpu_cache_sizes.py`), and the float32 step budget
-that follows it (`platforms/cpu.py`)."""
+"""The per-core L2 size read from sysfs (`cpu_cache_sizes.py`), and what follows it
+(`platforms/cpu.py`): the float32 step budget and the attention kernel's order for float32
+single-token decodes."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+import torch
 
 from pagedserve.services.gpu_worker.cpu_cache_sizes import (
     CPU0_CACHES,
     l2_bytes_per_core,
     parse_cache_size,
 )
+from pagedserve.services.gpu_worker.platforms import cpu as cpu_platform
 from pagedserve.services.gpu_worker.platforms.cpu import (
     FUSED_FP32_STEP_TOKENS,
     SMALL_L2_FP32_STEP_TOKENS,
+    CpuPlatform,
     fused_fp32_step_tokens,
+    single_decodes_by_sequence,
 )
 
 
@@ -73,3 +78,27 @@ def test_the_float32_budget_is_smaller_below_1_mib_of_l2() -> None:
     assert fused_fp32_step_tokens(1 << 20) == FUSED_FP32_STEP_TOKENS == 768
     assert fused_fp32_step_tokens(2 << 20) == 768
     assert fused_fp32_step_tokens(None) == 768  # unknown: the budget measured on the Zen 4
+
+
+def test_single_decodes_go_by_sequence_below_1_mib_of_l2() -> None:
+    assert single_decodes_by_sequence(512 << 10) is True  # the Zen 3, where it was faster
+    assert single_decodes_by_sequence(1 << 20) is False  # the Zen 4, where by pair was
+    assert single_decodes_by_sequence(2 << 20) is False
+    assert single_decodes_by_sequence(None) is False  # unknown: as the Zen 4
+
+
+@pytest.mark.parametrize(("l2_bytes", "by_sequence"), [(512 << 10, True), (1 << 20, False)])
+def test_the_worker_sets_the_kernels_order_from_its_l2(monkeypatch, l2_bytes, by_sequence) -> None:
+    """`set_up_process` (every CPU worker, before its first step) hands the kernel the order
+    its L2 calls for."""
+    calls: list[bool] = []
+    monkeypatch.setattr(cpu_platform, "l2_bytes_per_core", lambda: l2_bytes)
+    monkeypatch.setattr(
+        cpu_platform.cpu_paged_attention, "set_single_decodes_by_sequence", calls.append
+    )
+    threads = torch.get_num_threads()
+    try:
+        CpuPlatform(torch.device("cpu")).set_up_process(0, 1)
+    finally:
+        torch.set_num_threads(threads)
+    assert calls == [by_sequence]
