@@ -7,13 +7,14 @@
  * attends the last, whose rows it fetches meanwhile (cpu_attention_lookahead.h). A float32
  * decode's or verification's rows go by row over all the sequence's KV heads at once, one pass
  * over its keys and one over its values, the rows ahead fetched between the rows' arithmetic
- * (cpu_attention_by_sequence.h: the same bits as by KV head, 1.1-1.3x a call). A prompt
- * whose work is more than a quarter of a thread's share (bf16) is split into units of rows
- * instead, so that one long prompt does not leave the other threads waiting; within one, each (sequence, KV head)
- * pair scores all the query heads that share that KV head, for all its new tokens, so each
- * cached key and value row is read once. Softmax is exact (max-subtracted, over the full
- * row) and in float32 whatever the cache dtype; bf16 is widened by a shift (bf16 is the top
- * half of a float32).
+ * (cpu_attention_by_sequence.h: the same bits as by KV head, 1.1-1.3x a call; where a core
+ * has 1 MiB of L2 a single-token decode goes by KV head, see single_decodes_by_sequence). A
+ * prompt whose work is more than a quarter of a thread's share (bf16) is split into units of
+ * rows instead, so that one long prompt does not leave the other threads waiting; within one,
+ * each (sequence, KV head) pair scores all the query heads that share that KV head, for all
+ * its new tokens, so each cached key and value row is read once. Softmax is exact
+ * (max-subtracted, over the full row) and in float32 whatever the cache dtype; bf16 is widened
+ * by a shift (bf16 is the top half of a float32).
  *
  * Vectorized with GCC vector extensions (8 floats): scores for 8 keys at a time with one
  * accumulator per key, summed across lanes by a shuffle tree instead of one horizontal sum
