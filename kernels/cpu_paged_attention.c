@@ -427,13 +427,16 @@ static void attend_lanes(float *acc, float *inv_sum, const void **query_rows, co
  * this thread takes all the sequence's KV heads, one after the other (it fetches every head's
  * rows before the first unless `warm` says its predecessor fetched them; the bf16 dot path
  * also fetches the next head's rows while this one computes). `ahead`: the thread's next
- * sequence, fetched a step per tile of keys scored (NULL: none). */
-static void attend_pair(void *out, const void *q, int64_t q_row_stride, const void *k_cache,
-                        const void *v_cache, const int32_t *table, int64_t seq_len,
-                        int64_t first_row, int64_t num_new, int64_t kv_head, int64_t num_heads,
-                        int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
-                        int is_bf16, int whole_sequence, int warm, lookahead *ahead,
-                        float *scratch) {
+ * sequence, fetched a step per tile of keys scored (NULL: none).
+ * Inlined into its callers, as GCC chose until the order of single decodes became a setting:
+ * left to itself it then kept this one out of line and inlined more into attend_sequence,
+ * whose calls of 4 new tokens took 1.03-1.08x as long (2-core Zen 4, `python -m
+ * benchmarks.cpu_attention_ab`); inlined, they are as fast as before. */
+static inline __attribute__((always_inline)) void attend_pair(
+    void *out, const void *q, int64_t q_row_stride, const void *k_cache, const void *v_cache,
+    const int32_t *table, int64_t seq_len, int64_t first_row, int64_t num_new, int64_t kv_head,
+    int64_t num_heads, int64_t num_kv_heads, int64_t d, int64_t block_size, float scale,
+    int is_bf16, int whole_sequence, int warm, lookahead *ahead, float *scratch) {
     const int64_t group = num_heads / num_kv_heads;
     const int64_t rows = num_new * group;
     const int64_t elem = is_bf16 ? 2 : 4;
