@@ -175,7 +175,8 @@ def test_a_decode_gets_the_same_bits_alone_or_among_others(
 
 @pytest.fixture
 def single_decodes_restored():
-    """The kernel's order for float32 single-token decodes put back after the test."""
+    """The kernel's order for float32 single-token decodes set back to its default (by
+    sequence) after the test; the order changes no result, only the speed."""
     yield
     assert cpu_paged_attention.set_single_decodes_by_sequence(True) is True
 
