@@ -201,6 +201,13 @@ def test_single_decodes_get_the_same_bits_by_sequence_or_by_pair(
     torch.testing.assert_close(by_pair, expected(case), **TOLERANCES[torch.float32])
 
 
+def test_the_order_is_not_set_where_the_kernel_is_off(monkeypatch):
+    """With the kernel switched off (or not built) there is nothing to set: None, no error, so
+    a worker without the kernel starts as before."""
+    monkeypatch.setenv("PAGEDSERVE_CPU_ATTENTION_KERNEL", "0")
+    assert cpu_paged_attention.set_single_decodes_by_sequence(False) is None
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_a_prompt_split_between_threads_gives_the_same_bits(dtype):
     """A chunk whose work is more than a thread's share is attended in units of rows (on

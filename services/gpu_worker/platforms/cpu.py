@@ -55,14 +55,18 @@ FUSED_FP32_STEP_TOKENS = 768
 # token, then 1516 / 1562, then 1729 / 1604: the box's spread), so the gain is likely in how
 # shorter steps mix with the decodes; why the Zen 4's 768 does not hold here is not known.
 SMALL_L2_FP32_STEP_TOKENS = 512
-SMALL_L2_BYTES = 1 << 20  # below this much L2 a core, the smaller float32 budget
+SMALL_L2_BYTES = 1 << 20  # below this much L2 a core: the smaller budget, decodes by sequence
+
+
+def small_l2(l2_bytes: int | None) -> bool:
+    """A core with less than SMALL_L2_BYTES of L2 (the Zen 3's 512 KiB); unknown (None) counts
+    as large, as the Zen 4's 1 MiB, where the defaults were first measured."""
+    return l2_bytes is not None and l2_bytes < SMALL_L2_BYTES
 
 
 def fused_fp32_step_tokens(l2_bytes: int | None) -> int:
     """The float32 pass's step budget for a core with `l2_bytes` of L2 (None: unknown)."""
-    if l2_bytes is not None and l2_bytes < SMALL_L2_BYTES:
-        return SMALL_L2_FP32_STEP_TOKENS
-    return FUSED_FP32_STEP_TOKENS
+    return SMALL_L2_FP32_STEP_TOKENS if small_l2(l2_bytes) else FUSED_FP32_STEP_TOKENS
 
 
 def single_decodes_by_sequence(l2_bytes: int | None) -> bool:
@@ -71,7 +75,7 @@ def single_decodes_by_sequence(l2_bytes: int | None) -> bool:
     the next sequence's rows whole into L2 (512 KiB at most), which a 1 MiB L2 holds: on a
     2-core Zen 4 by sequence took 1.26-1.36x as long a call at 64 sequences of ~300 tokens, on
     a Zen 3 (512 KiB) 0.72-0.76x (`python -m benchmarks.cpu_attention_ab`; the C source)."""
-    return l2_bytes is not None and l2_bytes < SMALL_L2_BYTES
+    return small_l2(l2_bytes)
 
 
 def cpu_supports_bf16() -> bool:

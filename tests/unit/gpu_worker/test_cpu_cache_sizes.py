@@ -102,3 +102,17 @@ def test_the_worker_sets_the_kernels_order_from_its_l2(monkeypatch, l2_bytes, by
     finally:
         torch.set_num_threads(threads)
     assert calls == [by_sequence]
+
+
+def test_a_worker_without_the_attention_kernel_starts(monkeypatch) -> None:
+    """The kernel switched off: `set_up_process` sets its threads and no order, and raises
+    nothing."""
+    monkeypatch.setenv("PAGEDSERVE_CPU_ATTENTION_KERNEL", "0")
+    cpu_platform.cpu_paged_attention.load.cache_clear()
+    threads = torch.get_num_threads()
+    try:
+        CpuPlatform(torch.device("cpu")).set_up_process(0, 1)
+        assert cpu_platform.cpu_paged_attention.load() is None
+    finally:
+        torch.set_num_threads(threads)
+        cpu_platform.cpu_paged_attention.load.cache_clear()
