@@ -22,6 +22,7 @@ Run: python -m benchmarks.draft_replay [--dtype bfloat16] [--concurrency 16,64]
 from __future__ import annotations
 
 import argparse
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -30,8 +31,9 @@ from pagedserve.services.scheduler.ngram_proposer import propose_ngram
 Proposer = Callable[[list[int], list[int], int], list[int]]  # (history, future, k) -> drafts
 
 
-def ngram_drafts(history: list[int], future: list[int], k: int) -> list[int]:
-    return propose_ngram(history, k)
+def ngram_drafts(history: list[int], future: list[int], k: int, vocab_size: int = 0) -> list[int]:
+    """The scheduler's drafts (`vocab_size` > 0: counts go on, as where the workers report it)."""
+    return propose_ngram(history, k, vocab_size=vocab_size)
 
 
 def oracle_drafts(history: list[int], future: list[int], k: int) -> list[int]:
@@ -90,8 +92,9 @@ def _matching_prefix(drafts: list[int], future: list[int]) -> int:
     return matched
 
 
-def greedy_outputs(args: argparse.Namespace) -> list[tuple[list[int], list[int]]]:
-    """The workload of `vs_transformers_serve` (its defaults) and its greedy outputs."""
+def greedy_outputs(args: argparse.Namespace) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """The workload of `vs_transformers_serve` (its defaults), its greedy outputs and the
+    model's vocabulary size."""
     import torch
 
     from benchmarks.vs_transformers_serve import build_parser, workload_args
@@ -110,7 +113,8 @@ def greedy_outputs(args: argparse.Namespace) -> list[tuple[list[int], list[int]]
         for r in requests
     ]  # fmt: skip
     results = engine.generate([r.prompt_token_ids for r in requests], params)
-    return [(r.prompt_token_ids, res.token_ids) for r, res in zip(requests, results, strict=True)]
+    outputs = [(r.prompt_token_ids, o.token_ids) for r, o in zip(requests, results, strict=True)]
+    return outputs, engine.shape.vocab_size
 
 
 POLICIES = (("n-gram", ngram_drafts, 3), ("n-gram", ngram_drafts, 7), ("oracle", oracle_drafts, 3),
@@ -124,11 +128,17 @@ TABLE_HEAD = (
 
 
 def report(
-    requests: Sequence[tuple[list[int], list[int]]], levels: list[int], max_seqs: int
+    requests: Sequence[tuple[list[int], list[int]]],
+    levels: list[int],
+    max_seqs: int,
+    vocab_size: int = 0,
 ) -> str:
     lines = [TABLE_HEAD]
     for in_flight in levels:
-        for name, propose, k in (("none", ngram_drafts, 0), *POLICIES):
+        for name, policy, k in (("none", ngram_drafts, 0), *POLICIES):
+            propose = policy
+            if policy is ngram_drafts:
+                propose = functools.partial(policy, vocab_size=vocab_size)
             r = replay_level(requests, in_flight, k, max_seqs, propose)
             lines.append(f"| {in_flight} | {name} | {k} | {r.steps} | {r.rows} | "
                          f"{r.accepted} / {r.drafted} | {r.last_admitted_step} |")  # fmt: skip
@@ -143,10 +153,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="16,64")
     parser.add_argument("--speculative-max-num-seqs", type=int, default=32)
     args = parser.parse_args(argv)
-    requests = greedy_outputs(args)
+    requests, vocab_size = greedy_outputs(args)
     levels = [int(c) for c in args.concurrency.split(",")]
     print(f"{len(requests)} requests, {sum(len(o) for _, o in requests)} output tokens\n")
-    print(report(requests, levels, args.speculative_max_num_seqs))
+    print(report(requests, levels, args.speculative_max_num_seqs, vocab_size))
     return 0
 
 

@@ -52,7 +52,8 @@ class Scheduler:
     def __init__(
         self, scheduler_config: SchedulerConfig, cache_config: CacheConfig, vocab_size: int = 0
     ) -> None:
-        """`vocab_size` > 0: prompt and stop token ids must be below it."""
+        """`vocab_size` > 0: prompt and stop token ids must be below it, and drafts may count
+        on below it (`ngram_proposer.py`)."""
         if cache_config.num_blocks is None:
             raise ValueError("cache_config.num_blocks must be set (the workers report it)")
         if cache_config.block_size is None:
@@ -77,7 +78,7 @@ class Scheduler:
         waiting = make_request_queue(scheduler_config.policy, scheduler_config.max_waiting)
         self._sets = RequestSets(kv, waiting)
         self._beams = BeamGroups(self._sets, scheduler_config.max_model_len)
-        self._planner = StepPlanner(scheduler_config, self._sets, self._beams)
+        self._planner = StepPlanner(scheduler_config, self._sets, self._beams, vocab_size)
         self._applier = ResultApplier(scheduler_config, self._sets, self._beams)
         self._next_arrival_index = 0
         self._num_aborted = 0

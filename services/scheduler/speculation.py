@@ -31,9 +31,11 @@ def can_speculate(request: Request) -> bool:
     return sampling.is_greedy and sampling.structured_output is None and sampling.logprobs is None
 
 
-def draft_tokens(request: Request, num_speculative_tokens: int, max_model_len: int) -> list[int]:
+def draft_tokens(
+    request: Request, num_speculative_tokens: int, max_model_len: int, vocab_size: int = 0
+) -> list[int]:
     """Drafts to follow `request`'s tokens: no more than can become output within its
-    `max_tokens` and the model length."""
+    `max_tokens` and the model length (`vocab_size` > 0: a count may go on, below it)."""
     room = min(
         num_speculative_tokens,
         request.max_next_drafts,
@@ -42,7 +44,7 @@ def draft_tokens(request: Request, num_speculative_tokens: int, max_model_len: i
     )
     if room <= 0 or not can_speculate(request):
         return []
-    return propose_ngram(request.all_token_ids, room)
+    return propose_ngram(request.all_token_ids, room, vocab_size=vocab_size)
 
 
 def next_max_drafts(num_drafts: int, num_after_first: int) -> int:

@@ -35,8 +35,11 @@ RUNNING = RequestStatus.RUNNING
 
 
 class StepPlanner:
-    def __init__(self, config: SchedulerConfig, sets: RequestSets, beams: BeamGroups) -> None:
+    def __init__(
+        self, config: SchedulerConfig, sets: RequestSets, beams: BeamGroups, vocab_size: int = 0
+    ) -> None:
         self.config = config
+        self.vocab_size = vocab_size  # > 0: drafts may count on, below it (ngram_proposer.py)
         self.sets = sets
         self.beams = beams
         self.kv = sets.kv
@@ -156,7 +159,7 @@ class StepPlanner:
     def _drafts(self, request: Request, token_budget: int) -> list[int]:
         """Speculative tokens for a request in decode, within the step's token budget."""
         room = min(self.config.num_speculative_tokens, token_budget - 1)
-        return draft_tokens(request, room, self.config.max_model_len)
+        return draft_tokens(request, room, self.config.max_model_len, self.vocab_size)
 
     def _allocate_or_preempt(self, request: Request, num_new: int) -> list[tuple[Request, int]]:
         """Allocate `request`'s slots, preempting victims until they fit; returns each victim

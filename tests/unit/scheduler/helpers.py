@@ -35,6 +35,7 @@ def make_scheduler(
     speculative_max_num_seqs: int = 4,
     sliding_window: int | None = None,
     async_scheduling: bool = False,
+    vocab_size: int = 0,
 ) -> Scheduler:
     return Scheduler(
         SchedulerConfig(
@@ -54,6 +55,7 @@ def make_scheduler(
             enable_prefix_caching=enable_prefix_caching,
             sliding_window=sliding_window,
         ),
+        vocab_size=vocab_size,
     )
 
 

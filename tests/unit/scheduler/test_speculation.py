@@ -46,6 +46,15 @@ def run(scheduler, worker, model, max_steps=500):
     return outputs, plans
 
 
+def counting_model(tokens: list[int]) -> int:
+    """Counts: 50 51 1 50 51 2 50 51 3 ... (after 51 the number after the last one)."""
+    if tokens[-1] == 50:
+        return 51
+    if tokens[-1] == 51:
+        return 1 + max((t for t in tokens if t < 50), default=0)
+    return 50
+
+
 def one_at_a_time(prompt, max_tokens, model):
     tokens = list(prompt)
     for _ in range(max_tokens):
@@ -210,6 +219,22 @@ def test_no_drafts_in_the_step_after_a_request_finished():
     assert any(drafted[:after_finish])
 
 
+def test_a_scheduler_that_knows_the_vocabulary_drafts_the_count_on():
+    """Same outputs; with the vocabulary's size the drafts count on and are accepted, so the
+    count takes fewer steps than with the plain lookup."""
+    prompt = [50, 51, 1, 50, 51, 2]
+    runs = {}
+    for vocab_size in (0, 100):
+        scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=3,
+                                   vocab_size=vocab_size)  # fmt: skip
+        scheduler.add_request(make_request("count", prompt, max_tokens=40, temperature=0.0))
+        outputs, plans = run(scheduler, FakeWorker(64, 4), counting_model)
+        assert outputs["count"] == one_at_a_time(prompt, 40, counting_model)
+        runs[vocab_size] = (len(plans), scheduler.stats().spec_num_accepted_tokens)
+    assert runs[100][1] > runs[0][1]
+    assert runs[100][0] < runs[0][0]
+
+
 def test_off_in_a_scheduler_given_no_count_and_no_workers_default():
     scheduler = make_scheduler(num_blocks=64, max_model_len=128, num_speculative_tokens=None)
     scheduler.add_request(make_request("r", CYCLE * 2, max_tokens=10, temperature=0.0))
@@ -225,7 +250,9 @@ def test_off_in_a_scheduler_given_no_count_and_no_workers_default():
         ([1, 2, 3, 9, 1, 2], 1, [3]),
         ([7, 1, 2, 5, 8, 1, 2, 6, 1, 2], 2, [6, 1]),  # the most recent match wins
         ([4, 1, 2, 3, 8, 5, 2, 3, 1, 2, 3], 2, [8, 5]),  # the longest n-gram first: "1 2 3"
-        ([5, 5, 5], 2, [5]),  # a match overlapping the suffix; drafts stop at the end
+        ([5, 5, 5], 2, [5, 5]),  # a match overlapping the suffix: its period, 1, goes on
+        ([3, 1, 2, 1, 2], 3, [1, 2, 1]),  # "1 2" ends 2 before the end: "1 2" repeats
+        ([3, 1, 2, 1, 2], 1, [1]),
         ([1, 2, 3, 1, 2], 0, []),
     ],
 )
@@ -233,13 +260,34 @@ def test_propose_ngram(tokens, num, want):
     assert propose_ngram(tokens, num) == want
 
 
-def ngram_by_scanning(tokens: list[int], num: int) -> list[int]:
-    """The proposer's rule spelled out as a plain scan: the longest n (4 down to 2) whose
-    last-n tokens recur earlier, the most recent such occurrence, what followed it."""
+def ngram_by_scanning(tokens: list[int], num: int, vocab_size: int = 0) -> list[int]:
+    """The proposer's rules spelled out as a plain scan: the longest n (4 down to 2) whose
+    last-n tokens recur earlier, the most recent such occurrence, what followed it, the text
+    written on token by token past its end; then, given a vocabulary, the occurrence before
+    that one and the count carried on where the two continuations differ by 0 or 1 id."""
+    if num <= 0:
+        return []
     for n in range(min(4, len(tokens) - 1), 1, -1):
-        for end in range(len(tokens) - 2, n - 2, -1):
-            if tokens[end - n + 1 : end + 1] == tokens[-n:]:
-                return tokens[end + 1 : end + 1 + num] if num > 0 else []
+        suffix = tokens[-n:]
+        ends = [e for e in range(len(tokens) - 2, n - 2, -1) if tokens[e - n + 1 : e + 1] == suffix]
+        if not ends:
+            continue
+        text = list(tokens)
+        while len(text) < len(tokens) + num:  # copy on one token at a time
+            text.append(text[ends[0] + 1 + len(text) - len(tokens)])
+        drafts = text[len(tokens) :]
+        if vocab_size and len(ends) > 1:
+            earlier = tokens[ends[1] + 1 : ends[1] + 1 + num]
+            diffs = [b - a for a, b in zip(earlier, drafts, strict=False)]
+            counted = [t + d for t, d in zip(drafts, diffs, strict=False)]
+            if (
+                len(earlier) == num
+                and any(diffs)
+                and all(d in (-1, 0, 1) for d in diffs)
+                and all(0 <= t < vocab_size for t in counted)
+            ):
+                return counted
+        return drafts
     return []
 
 
@@ -252,6 +300,46 @@ def test_propose_ngram_matches_a_plain_scan(vocab):
         tokens = [rng.randrange(vocab) for _ in range(rng.randrange(0, 40))]
         num = rng.randrange(0, 5)
         assert propose_ngram(tokens, num) == ngram_by_scanning(tokens, num), (tokens, num)
+
+
+@pytest.mark.parametrize("vocab", [2, 3, 5, 256, 70_000])
+def test_counting_on_matches_a_plain_scan(vocab):
+    """With a vocabulary, the count rule as the scan spells it, over texts that often count
+    (runs of ids that step by one) and ids at both ends of the vocabulary."""
+    rng = random.Random(vocab)
+    for _ in range(3000):
+        start = rng.choice([0, vocab - 1, rng.randrange(vocab)])
+        period = [rng.choice([start, min(start + 1, vocab - 1)]) for _ in range(rng.randint(1, 3))]
+        tokens = []
+        while len(tokens) < rng.randrange(0, 40):
+            tokens += [min(max(t + rng.choice([0, 0, 1, -1]), 0), vocab - 1) for t in period]
+        num = rng.randrange(0, 5)
+        want = ngram_by_scanning(tokens, num, vocab)
+        assert propose_ngram(tokens, num, vocab_size=vocab) == want, (tokens, num)
+
+
+def test_a_count_goes_on_counting():
+    """' 2012 2013 2014' as SmolLM2 splits it (a space, then one token a digit, ids 32-41):
+    the years go on, where the plain lookup would draft the last year again."""
+    space, digit = 216, lambda d: 32 + d
+    years = [t for y in (2012, 2013, 2014) for t in [space, *map(digit, map(int, str(y)))]]
+    tokens = [99, *years, space, digit(2), digit(0), digit(1)]  # ... 2014 201
+    assert propose_ngram(tokens, 3) == [digit(4), space, digit(2)]  # no vocabulary: plain
+    assert propose_ngram(tokens, 3, vocab_size=49152) == [digit(5), space, digit(2)]
+    tokens += [digit(5), space, digit(2), digit(0)]  # ... 2015 20
+    assert propose_ngram(tokens, 3, vocab_size=49152) == [digit(1), digit(6), space]
+
+
+def test_a_count_never_leaves_the_vocabulary():
+    assert propose_ngram([5, 6, 7, 5, 6, 8, 5, 6], 1, vocab_size=10) == [9]
+    assert propose_ngram([5, 6, 8, 5, 6, 9, 5, 6], 1, vocab_size=10) == [9]  # 10 is past it
+    assert propose_ngram([5, 6, 1, 5, 6, 0, 5, 6], 1, vocab_size=10) == [0]  # -1 is outside
+    assert propose_ngram([5, 6, 2, 5, 6, 1, 5, 6], 1, vocab_size=10) == [0]  # counting down
+
+
+def test_continuations_that_differ_by_more_than_one_id_draft_the_latest():
+    assert propose_ngram([8, 1, 5, 8, 3, 5, 8], 2, vocab_size=10) == [3, 5]  # 1 -> 3: no count
+    assert propose_ngram([8, 1, 5, 8, 1, 5, 8], 2, vocab_size=10) == [1, 5]  # the same twice
 
 
 def test_propose_ngram_drafts_nothing_for_ids_outside_32_bits():
