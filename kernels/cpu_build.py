@@ -12,8 +12,8 @@ compiler, a failed build), the reason logged once, so that callers keep their to
 (`torch.backends.cpu.get_cpu_capability()`, which `ATEN_CPU_CAPABILITY` caps, so a machine
 told to behave as AVX2-only gets AVX2 code here too). A library is cached in
 `$PAGEDSERVE_CACHE/kernels` (default `~/.cache/pagedserve/kernels`), named by its source's
-name and a hash of the source, the headers beside it (`cpu_bf16.h`), the flags and the
-compiler, and written atomically, so
+name and a hash of the source, the headers beside it (`cpu_bf16.h`) and any a flag
+force-includes, the flags and the compiler, and written atomically, so
 concurrent workers share one build. Its OpenMP runtime is torch's own (the same
 `libgomp.so.1`, already loaded), so a kernel runs on torch's thread pool and thread count.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import itertools
 import logging
 import os
 import re
@@ -75,7 +76,11 @@ def build(source: Path, directory: Path | None = None, extra_flags: tuple[str, .
         raise KernelBuildError(f"C compiler {compiler!r} does not run: {exc}") from exc
     headers = b"".join(h.read_bytes() for h in sorted(source.parent.glob("*.h")))
     key = hashlib.sha256(
-        source.read_bytes() + headers + " ".join(flags).encode() + version.encode()
+        source.read_bytes()
+        + headers
+        + _included(flags)
+        + " ".join(flags).encode()
+        + version.encode()
     )
     directory = directory or model_files.cache_dir() / "kernels"
     target = directory / f"{source.stem}-{key.hexdigest()[:16]}.so"
@@ -97,6 +102,13 @@ def build(source: Path, directory: Path | None = None, extra_flags: tuple[str, .
     finally:
         Path(partial).unlink(missing_ok=True)
     return target
+
+
+def _included(flags: list[str]) -> bytes:
+    """The files `-include FILE` flags put ahead of the source: part of what is built."""
+    return b"".join(
+        Path(file).read_bytes() for flag, file in itertools.pairwise(flags) if flag == "-include"
+    )
 
 
 def load_library(source: Path, extra_flags: tuple[str, ...] = ()) -> tuple[ctypes.CDLL, Path]:

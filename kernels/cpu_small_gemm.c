@@ -266,7 +266,7 @@ void silu_and_mul(const uint16_t *restrict x, int64_t m, int64_t n_inter, int64_
  *   2, 3  accumulators, rows 16-31                           5  x rows 16-31
  *   6, 7  weight, columns 0-15 / 16-31
  */
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if (defined(__AMX_TILE__) && defined(__AMX_BF16__)) || defined(PAGEDSERVE_AMX_EMULATION)
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -283,9 +283,14 @@ typedef struct {
     uint8_t rows[16];
 } tile_config;
 
-/* Asks Linux for the AMX tile state (once per process); 0 when granted. */
+/* Asks Linux for the AMX tile state (once per process); 0 when granted. The tests' software
+ * tiles (tests/kernels/amx_emulation.h, on CPUs without AMX) need no state of Linux's. */
 int small_gemm_amx_init(void) {
+#ifdef PAGEDSERVE_AMX_EMULATION
+    return 0;
+#else
     return (int)syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
+#endif
 }
 
 static void configure(int rows0, int rows1) {

@@ -78,3 +78,17 @@ def test_an_undeclared_switch_is_an_error_not_silently_on():
     kernel = cpu_build.CKernel("cpu_argmax.c", "PAGEDSERVE_CPU_TYPO", "typo", ())
     with pytest.raises(KeyError, match="PAGEDSERVE_CPU_TYPO"):
         kernel.loader()()
+
+
+def test_a_force_included_file_is_part_of_the_build(tmp_path):
+    """A library built with `-include FILE` is built again when FILE changes (the emulated AMX
+    tiles of the tests come in that way), not taken from the cache."""
+    source, header = tmp_path / "answer.c", tmp_path / "value.h"
+    source.write_text("int answer(void) { return VALUE; }\n")
+    flags = ("-include", str(header))
+    built = {}
+    for value in (41, 42):
+        header.write_text(f"#define VALUE {value}\n")
+        path = cpu_build.build(source, tmp_path / "cache", flags)
+        built[value] = ctypes.CDLL(str(path)).answer()
+    assert built == {41: 41, 42: 42}

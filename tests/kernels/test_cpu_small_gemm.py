@@ -1,5 +1,6 @@
-"""The few-row bf16 GEMM (kernels/cpu_small_gemm.c), its vdpbf16ps and AMX tiles, against
-float64 products and oneDNN, and the fallback where the CPU has no AVX512-BF16."""
+"""The few-row bf16 GEMM (kernels/cpu_small_gemm.c), its vdpbf16ps and AMX tiles (in software
+where the CPU has none), against float64 products and oneDNN, and the fallback where the CPU
+has no AVX512-BF16."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from pagedserve.kernels import cpu_small_gemm
 from pagedserve.services.gpu_worker.platforms import cpu_prepack
+from tests.kernels import amx_emulation
 
 
 @pytest.fixture(autouse=True)
@@ -28,20 +30,31 @@ def exact(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> t
     return out if bias is None else out + bias.double()
 
 
-requires_amx = pytest.mark.skipif(
-    not cpu_small_gemm.cpu_has_amx_bf16(), reason="the AMX tiles need a CPU with AMX-BF16"
+HAS_AMX = cpu_small_gemm.cpu_has_amx_bf16()
+requires_amx = pytest.mark.skipif(not HAS_AMX, reason="the AMX tiles need a CPU with AMX-BF16")
+without_amx = pytest.mark.skipif(HAS_AMX, reason="this CPU runs the AMX tiles themselves")
+
+
+@pytest.fixture(
+    params=[
+        "vdpbf16ps",
+        pytest.param("amx", marks=requires_amx),
+        pytest.param("emulated amx", marks=without_amx),
+    ]
 )
-
-
-@pytest.fixture(params=["vdpbf16ps", pytest.param("amx", marks=requires_amx)])
 def tiles(request, monkeypatch):
-    """Each of the kernel's two products: AMX off, or on (where the CPU has it)."""
+    """Each of the kernel's two products: AMX off, or on: the CPU's tiles where it has them,
+    else the same C code on tiles in software (`amx_emulation.h`), which must not fault."""
     if request.param == "vdpbf16ps":
         monkeypatch.setenv("PAGEDSERVE_CPU_GEMM_AMX", "0")
+    emulated = request.param == "emulated amx"
+    library = amx_emulation.use_emulated_amx(monkeypatch) if emulated else None
     cpu_small_gemm.amx_available.cache_clear()
-    assert cpu_small_gemm.amx_available() == (request.param == "amx")
+    assert cpu_small_gemm.amx_available() == (request.param != "vdpbf16ps")
     yield request.param
-    cpu_small_gemm.amx_available.cache_clear()
+    amx_emulation.forget_amx()
+    if library is not None:
+        assert amx_emulation.fault(library) == ""
 
 
 @requires_avx512_bf16
@@ -54,6 +67,7 @@ def test_matches_an_exact_product_to_bf16_rounding(tiles, rows, num_out, num_in)
     bias = torch.randn(num_out).bfloat16()
     x = torch.randn(rows, num_in).bfloat16()
     out = cpu_small_gemm.linear(x, cpu_small_gemm.pack(weight), num_out, bias)
+    assert cpu_small_gemm.uses_amx(num_in) == (tiles != "vdpbf16ps" and num_in % 32 == 0)
     assert out.dtype == torch.bfloat16 and out.shape == (rows, num_out)
     expected = exact(x, weight, bias)
     # one rounding to bf16 (2^-8 relative) on top of float32 sums
@@ -92,7 +106,7 @@ def test_layers_use_it_up_to_max_rows_and_onednn_beyond(tiles, num_in, monkeypat
     packing = cpu_prepack.pack_weight(weight)
     assert isinstance(packing, cpu_prepack.Bf16Packing) and packing.few_rows is not None
     most = cpu_small_gemm.max_rows(num_in)
-    amx = tiles == "amx" and num_in == 32
+    amx = tiles != "vdpbf16ps" and num_in == 32
     beside_amx = cpu_small_gemm.cpu_has_amx_bf16()  # oneDNN's AMX product takes more rows
     expected = cpu_small_gemm.MAX_ROWS if beside_amx else cpu_small_gemm.MAX_ROWS_WITHOUT_AMX
     assert most == (cpu_small_gemm.AMX_MAX_ROWS if amx else expected)

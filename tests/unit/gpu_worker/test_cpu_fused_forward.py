@@ -72,9 +72,10 @@ def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
 
 def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, monkeypatch):
     """Where the AMX tiles take K, the MLP's gate-and-up product is followed by silu_and_mul,
-    in the fused forward and in the module path alike, with the fused pass's bits. Simulated
-    where the CPU has no AMX: the `vdpbf16ps` product stands in for the AMX tiles' (their own
-    tests check them against an exact product on AMX CPUs)."""
+    in the fused forward and in the module path alike, with the fused pass's bits. Where the
+    CPU has no AMX the `vdpbf16ps` product stands in for the AMX tiles', so the bits compared
+    are silu_and_mul's against the fused SwiGLU's (the tiles themselves run in software in
+    `test_cpu_fused_forward_amx.py`)."""
     model = engine.runner.model
     steps = two_steps(model.config.vocab_size, 20)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
