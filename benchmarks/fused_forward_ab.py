@@ -6,6 +6,9 @@ both alike. Reports output tok/s per run and each round's ratio.
 
     ONEDNN_MAX_CPU_ISA=AVX2 ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2 \\
       python -m benchmarks.fused_forward_ab --dtype float32 --num-prompts 48 --rounds 4
+
+`--model DIR` runs another model on the same requests (the default model's tokens): a random
+one of a public model's shape from `benchmarks.shaped_model`, say.
 """
 
 from __future__ import annotations
@@ -27,16 +30,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--max-num-seqs", type=int, default=16)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--model", default=None, help="a model directory (default: the default model)")
     args = p.parse_args(argv)
     workload = workload_parser().parse_args(["--num-prompts", str(args.num_prompts)])
     requests, tokenizer, model_dir = build_workload(workload_args(workload))
-    engine = build_engine(str(model_dir), args.max_num_seqs, None, args.dtype, args.threads)
+    model = args.model or str(model_dir)
+    engine = build_engine(model, args.max_num_seqs, None, args.dtype, args.threads)
     passes = {"fused": engine.runner.forward_pass, "modules": engine.runner.model}
     if passes["fused"] is passes["modules"]:
         raise SystemExit("no fused forward pass here (see cpu_fused_forward.build)")
     run_engine(engine, warmup_requests(requests, tokenizer, 4, 1), trace=False)
     machine = machine_info()
-    print(f"{args.dtype}, {args.threads} threads, {args.max_num_seqs} in flight, "
+    print(f"{model}, {args.dtype}, {args.threads} threads, {args.max_num_seqs} in flight, "
           f"ISA caps {machine.get('isa_env')}")  # fmt: skip
     tok_s: dict[str, list[float]] = {name: [] for name in passes}
     for index in range(args.rounds):

@@ -15,7 +15,9 @@
  *   layer_kernels   the kernels (AMX: a product for gate-and-up and silu_and_mul in place of
  *                   the fused SwiGLU, swiglu NULL)
  *   layer_shape     the model's widths, heads and dtype
- *   layer_weights   one per layer: its packed weights, norm weights and epsilons, its caches
+ *   layer_weights   one per layer: its packed weights, the attention's biases if it has them
+ *                   (added in the products, before their one rounding, as the modules add
+ *                   them), norm weights and epsilons, its caches
  *   step_buffers    the step's rows, angles, slots, working buffers and the attention
  *                   kernel's arguments
  * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
@@ -83,6 +85,7 @@ typedef struct {
 
 typedef struct {
     const void *input_norm, *post_attention_norm, *qkv, *o, *gate_up, *down;
+    const void *qkv_bias, *o_bias; /* NULL: none (Qwen2: q/k/v only; Llama's attention_bias) */
     void *k_cache, *v_cache;
     int64_t num_slots;
     float input_eps, post_attention_eps;
@@ -161,7 +164,7 @@ static int layer(const layer_kernels *k, const layer_shape *s, const layer_weigh
                 s->is_bf16))
         return LOOP_NORM_TOO_WIDE;
     const void *x_residual = residual != NULL ? b->residual : x;
-    k->qkv_product(b->normed, rows, hidden, hidden, w->qkv, width, NULL, b->qkv, width);
+    k->qkv_product(b->normed, rows, hidden, hidden, w->qkv, width, w->qkv_bias, b->qkv, width);
     const int status = attention(k, s, w, b);
     if (status != LOOP_OK) return status;
     if (last && b->keep_rows != NULL) {
@@ -173,8 +176,8 @@ static int layer(const layer_kernels *k, const layer_shape *s, const layer_weigh
         rows = b->num_keep;
         if (rows == 0) return LOOP_OK; /* no row's output is used: nothing more to compute */
     }
-    k->o_product(b->attended, rows, attention_width, attention_width, w->o, hidden, NULL, b->out,
-                 hidden);
+    k->o_product(b->attended, rows, attention_width, attention_width, w->o, hidden, w->o_bias,
+                 b->out, hidden);
     if (k->norm(b->out, x_residual, b->residual, b->normed, w->post_attention_norm, rows, hidden,
                 w->post_attention_eps, s->is_bf16))
         return LOOP_NORM_TOO_WIDE;

@@ -59,8 +59,8 @@ class LayerWeights(ctypes.Structure):
         *[
             (name, _pointer)
             for name in (
-                "input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "k_cache",
-                "v_cache",
+                "input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "qkv_bias",
+                "o_bias", "k_cache", "v_cache",
             )
         ],
         ("num_slots", _int64),

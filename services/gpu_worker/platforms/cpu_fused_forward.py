@@ -30,9 +30,10 @@ they had gone through the modules and SDPA: a burst of 64 prompts 1365 -> 1175 u
 (`python -m benchmarks.prompt_lanes_ab`).
 
 `CpuFusedForward.build(model)` is None where this does not apply (another architecture, not
-a CPU, neither bf16 nor float32, tensor parallel, a kernel missing, a bias, another
-activation), and a step goes through the modules when its rows are more than the pass takes
-(`cpu_small_gemm.fused_max_rows`: without AMX, 2048, more than the modules' products take,
+a CPU, neither bf16 nor float32, tensor parallel, a kernel missing, an MLP bias, another
+activation). The attention's biases (Qwen2's q/k/v, Llama's `attention_bias`) go into their
+products, added before the one rounding as the modules add them. A step goes through the
+modules when its rows are more than the pass takes (`cpu_small_gemm.fused_max_rows`: without AMX, 2048, more than the modules' products take,
 `cpu_small_gemm.max_rows`, 512; between the two the modules multiply with oneDNN, so a step
 of 513-2048 rows gets other bits here than through the modules, as it would from another
 product).
@@ -89,6 +90,8 @@ class _LayerPointers:
     o: int
     gate_up: int
     down: int
+    qkv_bias: int | None  # None: the layer has none
+    o_bias: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +112,9 @@ class _Shape:
 
 
 def _panels(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
-    """The layer's weight in the kernel's panels, if it has them and no bias: bf16's for the
-    `vdpbf16ps` and AMX tiles (one layout), float32's for `cpu_small_sgemm` (not MKL's)."""
+    """The layer's weight in the kernel's panels, if it has them: bf16's for the `vdpbf16ps`
+    and AMX tiles (one layout), float32's for `cpu_small_sgemm` (not MKL's)."""
     packed = packing_of(layer)
-    if getattr(layer, "bias", None) is not None:
-        return None
     if dtype == torch.bfloat16 and isinstance(packed, Bf16Packing):
         return packed.few_rows
     if dtype == torch.float32 and isinstance(packed, Fp32Packing):
@@ -125,15 +126,27 @@ def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPoi
     attn, mlp = layer.self_attn, layer.mlp
     if attn.q_norm is not None or not isinstance(mlp.act_and_mul, SiluAndMul):
         return None
+    if _bias(mlp.gate_up_proj) is not None or _bias(mlp.down_proj) is not None:
+        return None  # Llama's mlp_bias: the fused SwiGLU adds none
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     panels = [_panels(m, dtype) for m in linears]
     norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
-    if any(p is None for p in panels) or any(
-        w.dtype != dtype or not w.is_contiguous() for w in norms
+    biases = [_bias(m) for m in linears[:2]]
+    if (
+        any(p is None for p in panels)
+        or any(w.dtype != dtype or not w.is_contiguous() for w in norms)
+        or any(b is not None and (b.dtype != dtype or not b.is_contiguous()) for b in biases)
     ):
         return None
     qkv, o, gate_up, down = (p.data_ptr() for p in panels)  # type: ignore[union-attr]
-    return _LayerPointers(norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down)
+    qkv_bias, o_bias = (None if b is None else b.data_ptr() for b in biases)
+    return _LayerPointers(
+        norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down, qkv_bias, o_bias
+    )
+
+
+def _bias(layer: torch.nn.Module) -> torch.Tensor | None:
+    return getattr(layer, "bias", None)
 
 
 def _kernels_ready(shape: _Shape, dtype: torch.dtype) -> bool:
@@ -202,8 +215,8 @@ class CpuFusedForward:
         )  # fmt: skip
         self.weights = (cpu_layer_loop.LayerWeights * len(layers))(*(
             cpu_layer_loop.LayerWeights(
-                p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, None, None,
-                0, *layer_eps,
+                p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, p.qkv_bias,
+                p.o_bias, None, None, 0, *layer_eps,
             )
             for p, layer_eps in zip(layers, eps, strict=True)
         ))  # fmt: skip

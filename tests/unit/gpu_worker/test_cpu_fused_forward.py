@@ -211,9 +211,9 @@ def test_not_built_where_it_does_not_apply(engine, monkeypatch):
     monkeypatch.setenv(SWITCH, "0")
     assert CpuFusedForward.build(model) is None
     monkeypatch.delenv(SWITCH)
-    layer = model.layers[3].self_attn.qkv_proj
+    layer = model.layers[3].mlp.gate_up_proj
     monkeypatch.setattr(layer, "bias", torch.zeros(layer.weight.shape[0], dtype=torch.bfloat16))
-    assert CpuFusedForward.build(model) is None  # a bias (Qwen2's q/k/v): the modules
+    assert CpuFusedForward.build(model) is None  # an MLP bias: the modules
 
 
 def test_not_built_for_another_architecture(tmp_path):
