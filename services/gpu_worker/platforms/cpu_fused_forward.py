@@ -33,10 +33,10 @@ they had gone through the modules and SDPA: a burst of 64 prompts 1365 -> 1175 u
 a CPU, neither bf16 nor float32, tensor parallel, a kernel missing, an MLP bias, another
 activation). The attention's biases (Qwen2's q/k/v, Llama's `attention_bias`) go into their
 products, added before the one rounding as the modules add them. A step goes through the
-modules when its rows are more than the pass takes (`cpu_small_gemm.fused_max_rows`: without AMX, 2048, more than the modules' products take,
-`cpu_small_gemm.max_rows`, 512; between the two the modules multiply with oneDNN, so a step
-of 513-2048 rows gets other bits here than through the modules, as it would from another
-product).
+modules when its rows are more than the pass takes (`cpu_small_gemm.fused_max_rows`: without
+AMX, 2048, more than the modules' products take, `cpu_small_gemm.max_rows`, 512; between the
+two the modules multiply with oneDNN, so a step of 513-2048 rows gets other bits here than
+through the modules, as it would from another product).
 `PAGEDSERVE_CPU_FUSED_FORWARD=0` turns it off.
 """
 
