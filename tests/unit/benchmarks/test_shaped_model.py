@@ -1,0 +1,40 @@
+"""Random models of public shapes (`benchmarks/shaped_model.py`): each shape is a valid
+transformers config, and a written model (a small shape here) loads, has random biases and the
+default model's tokenizer, and generates."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from benchmarks import shaped_model
+from pagedserve.services.engine import LLMEngine
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from pagedserve.shared.protocol import SamplingParams
+
+
+@pytest.mark.parametrize("name", sorted(shaped_model.SHAPES))
+def test_each_shape_is_a_config_transformers_takes(name):
+    from transformers import CONFIG_MAPPING
+
+    shape = dict(shaped_model.SHAPES[name])
+    config = CONFIG_MAPPING[shape.pop("model_type")](**shape)
+    assert config.hidden_size % config.num_attention_heads == 0
+    assert config.num_attention_heads % config.num_key_value_heads == 0
+
+
+def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkeypatch):
+    small = dict(shaped_model.SHAPES["qwen2.5-0.5b"])
+    small.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    monkeypatch.setitem(shaped_model.SHAPES, "small", small)
+    out = shaped_model.write_shaped_model("small", tmp_path / "small")
+    assert (out / "tokenizer.json").exists()
+    engine = LLMEngine(out, SchedulerConfig(max_model_len=256), CacheConfig(num_blocks=32),
+                       dtype="float32")  # fmt: skip
+    bias = engine.runner.model.layers[0].self_attn.qkv_proj.bias
+    assert bias is not None and bool(bias.abs().sum() > 0)
+    result = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(result.token_ids) == 4
+    assert torch.tensor(result.token_ids).lt(49152).all()
+    assert shaped_model.write_shaped_model("small", out) == out  # kept, not written again
