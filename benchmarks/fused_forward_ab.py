@@ -31,11 +31,15 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--model", default=None, help="a model directory (default: the default model)")
+    budget = "the step token budget (default: the device's, for the fused pass)"
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help=budget)
     args = p.parse_args(argv)
     workload = workload_parser().parse_args(["--num-prompts", str(args.num_prompts)])
     requests, tokenizer, model_dir = build_workload(workload_args(workload))
     model = args.model or str(model_dir)
-    engine = build_engine(model, args.max_num_seqs, None, args.dtype, args.threads)
+    engine = build_engine(
+        model, args.max_num_seqs, args.max_num_batched_tokens, args.dtype, args.threads
+    )
     passes = {"fused": engine.runner.forward_pass, "modules": engine.runner.model}
     if passes["fused"] is passes["modules"]:
         raise SystemExit("no fused forward pass here (see cpu_fused_forward.build)")

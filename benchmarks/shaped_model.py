@@ -28,7 +28,12 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192,
     ),
 }  # fmt: skip
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+)
 
 
 def write_shaped_model(name: str, out_dir: Path, seed: int = 0) -> Path:

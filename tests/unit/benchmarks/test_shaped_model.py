@@ -29,7 +29,7 @@ def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkey
                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     monkeypatch.setitem(shaped_model.SHAPES, "small", small)
     out = shaped_model.write_shaped_model("small", tmp_path / "small")
-    assert (out / "tokenizer.json").exists()
+    assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
     engine = LLMEngine(out, SchedulerConfig(max_model_len=256), CacheConfig(num_blocks=32),
                        dtype="float32")  # fmt: skip
     bias = engine.runner.model.layers[0].self_attn.qkv_proj.bias
