@@ -17,7 +17,8 @@
  *   layer_shape     the model's widths, heads and dtype
  *   layer_weights   one per layer: its packed weights, the attention's biases if it has them
  *                   (added in the products, before their one rounding, as the modules add
- *                   them), norm weights and epsilons, its caches
+ *                   them), norm weights and epsilons (Qwen3's q/k norms too: each query and
+ *                   key head normed in the qkv rows before rotary), its caches
  *   step_buffers    the step's rows, angles, slots, working buffers and the attention
  *                   kernel's arguments
  * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
@@ -53,6 +54,8 @@ typedef void (*silu_and_mul_fn)(const void *x, int64_t m, int64_t n_inter, int64
                                 void *y, int64_t y_stride);
 typedef int (*norm_fn)(const void *x, const void *residual, void *sum_out, void *out,
                        const void *weight, int64_t rows, int64_t hidden, float eps, int is_bf16);
+typedef int (*norm_heads_fn)(void *x, int64_t rows, int64_t row_stride, int64_t heads,
+                             int64_t head_dim, const void *weight, float eps, int is_bf16);
 typedef void (*rotate_fn)(void *x, int64_t tokens, int64_t heads, int64_t head_dim,
                           int64_t row_stride, const float *cos, const float *sin, int is_bf16);
 typedef int (*write_kv_fn)(const char *key, const char *value, int64_t src_stride,
@@ -71,6 +74,7 @@ typedef struct {
     swiglu_fn swiglu;
     silu_and_mul_fn silu_and_mul;
     norm_fn norm;
+    norm_heads_fn norm_heads; /* rms_norm_heads, for layers with q/k norms */
     rotate_fn rotate;
     write_kv_fn write_kv;
     attend_fn attend;
@@ -86,9 +90,10 @@ typedef struct {
 typedef struct {
     const void *input_norm, *post_attention_norm, *qkv, *o, *gate_up, *down;
     const void *qkv_bias, *o_bias; /* NULL: none (Qwen2: q/k/v only; Llama's attention_bias) */
+    const void *q_norm, *k_norm;   /* NULL: none; Qwen3: an RMSNorm weight [head_dim] each */
     void *k_cache, *v_cache;
     int64_t num_slots;
-    float input_eps, post_attention_eps;
+    float input_eps, post_attention_eps, head_norm_eps;
 } layer_weights;
 
 typedef struct {
@@ -119,13 +124,20 @@ static void mlp_up(const layer_kernels *k, const layer_shape *s, const layer_wei
     k->silu_and_mul(b->gate_up, rows, inter, 2 * inter, b->act, inter);
 }
 
-/* Keys and values rotated and written, then the queries attended, into b->attended. */
+/* Queries and keys normed head by head where the layer has q/k norms, rotated; keys and
+ * values written; then the queries attended, into b->attended. */
 static int attention(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
                      const step_buffers *b) {
     const int64_t rows = b->num_tokens, width = (s->num_heads + 2 * s->num_kv_heads) * s->head_dim;
     const int64_t kv_row = s->num_kv_heads * s->head_dim;
     char *key = (char *)b->qkv + s->num_heads * s->head_dim * s->element_bytes;
     char *value = key + kv_row * s->element_bytes;
+    if (w->q_norm != NULL &&
+        (k->norm_heads(b->qkv, rows, width, s->num_heads, s->head_dim, w->q_norm,
+                       w->head_norm_eps, s->is_bf16) ||
+         k->norm_heads(key, rows, width, s->num_kv_heads, s->head_dim, w->k_norm,
+                       w->head_norm_eps, s->is_bf16)))
+        return LOOP_NORM_TOO_WIDE;
     k->rotate(b->qkv, rows, s->num_heads + s->num_kv_heads, s->head_dim, width, b->cos, b->sin,
               s->is_bf16);
     if (k->write_kv(key, value, width, w->k_cache, w->v_cache, w->num_slots, b->slots, rows,

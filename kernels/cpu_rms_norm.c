@@ -89,3 +89,28 @@ int add_rms_norm(const void *x, const void *residual, void *sum_out, void *out,
     }
     return 0;
 }
+
+/* RMSNorm of each head of strided rows, in place: `rows` rows `row_stride` elements apart,
+ * each starting with `heads` heads of `head_dim` elements (a qkv product's query or key heads,
+ * as Qwen3 norms them before the rotary embedding), each head normed with one weight
+ * [head_dim] as add_rms_norm norms a row without residual, so the bits are the same as
+ * add_rms_norm's on a contiguous copy of the heads. Returns 0, or -1 if head_dim is too
+ * large for the row buffer. */
+int rms_norm_heads(void *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
+                   const void *weight, float eps, int is_bf16) {
+    enum { MAX_HEAD = 1 << 10 };
+    if (head_dim > MAX_HEAD) return -1;
+    const int64_t element = is_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) if (rows * heads * head_dim >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t i = 0; i < rows * heads; i++) {
+        float sum[MAX_HEAD];
+        char copy[MAX_HEAD * 4]; /* the head's input: norm_row's x and out must not alias */
+        char *head = (char *)x + ((i / heads) * row_stride + (i % heads) * head_dim) * element;
+        memcpy(copy, head, (size_t)(head_dim * element));
+        if (is_bf16)
+            norm_row(copy, 0, 0, head, weight, head_dim, eps, 1, sum);
+        else
+            norm_row(copy, 0, 0, head, weight, head_dim, eps, 0, sum);
+    }
+    return 0;
+}

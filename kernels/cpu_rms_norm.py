@@ -15,11 +15,12 @@ KERNEL = cpu_build.CKernel(
     source="cpu_rms_norm.c",
     switch="PAGEDSERVE_CPU_NORM_KERNEL",
     what="CPU RMSNorm kernel",
-    functions=("add_rms_norm",),
+    functions=("add_rms_norm", "rms_norm_heads"),
 )
 load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HIDDEN = 1 << 14  # the C row buffer's size
+MAX_HEAD = 1 << 10  # the most head_dim rms_norm_heads takes
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:
@@ -60,3 +61,28 @@ def add_rms_norm(
     if status != 0:
         raise ValueError(f"hidden size {hidden} is over the kernel's {MAX_HIDDEN}")
     return out, summed
+
+
+def rms_norm_heads_(
+    x: torch.Tensor,  # [T, W]: rows whose first heads * head_dim elements are the heads
+    heads: int,
+    weight: torch.Tensor,  # [head_dim]
+    eps: float,
+) -> torch.Tensor:
+    """Each of the first `heads` heads of every row of x normed in place, with the bits
+    `add_rms_norm` gives those heads as a contiguous [T * heads, head_dim] tensor (the CPU
+    fused forward norms Qwen3's query and key heads in its qkv rows so). Returns x."""
+    head_dim = weight.shape[0]
+    if (
+        x.dim() != 2 or x.stride(1) != 1 or x.dtype not in DTYPES or weight.dtype != x.dtype
+        or heads * head_dim > x.shape[1] or not 0 < head_dim <= MAX_HEAD
+    ):  # fmt: skip
+        raise ValueError(
+            f"needs [T, W] rows of {heads} heads of {head_dim} in the weight's dtype "
+            f"({weight.dtype}), head_dim at most {MAX_HEAD}; got {x.dtype} {tuple(x.shape)}"
+        )
+    load().rms_norm_heads(
+        x.data_ptr(), x.shape[0], x.stride(0), heads, head_dim, weight.data_ptr(), eps,
+        int(x.dtype == torch.bfloat16),
+    )  # fmt: skip
+    return x

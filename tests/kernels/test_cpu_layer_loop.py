@@ -23,7 +23,7 @@ def test_field_offsets_follow_c_layout():
     """float then int32 after seven int64: no padding between them, 8-byte end alignment."""
     shape = cpu_layer_loop.LayerShape
     assert shape.scale.offset == 7 * 8 and shape.is_bf16.offset == 7 * 8 + 4
-    assert cpu_layer_loop.LayerWeights.input_eps.offset == 11 * 8  # ten pointers, an int64
+    assert cpu_layer_loop.LayerWeights.input_eps.offset == 13 * 8  # twelve pointers, an int64
 
 
 @pytest.mark.parametrize(

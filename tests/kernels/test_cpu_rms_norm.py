@@ -89,3 +89,30 @@ def test_the_layer_gives_the_torch_paths_numbers(dtype, monkeypatch):
     torch.testing.assert_close(kernel_normed, torch_normed, rtol=8e-3, atol=1e-2)
     if dtype == torch.float32:
         torch.testing.assert_close(kernel_normed, torch_normed, rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("rows", "heads"), [(1, 1), (5, 4), (300, 16)])  # serial, threads
+def test_heads_in_strided_rows_get_the_contiguous_norms_bits(dtype, rows, heads):
+    """The query heads of qkv rows normed in place (Qwen3's q norm in the fused forward):
+    the bits of add_rms_norm on a contiguous copy of those heads, the rest of the rows as
+    they were."""
+    head_dim, width = 64, (heads + 2 * 2) * 64
+    torch.manual_seed(rows)
+    qkv = (torch.randn(rows, width) * 3).to(dtype)
+    weight = torch.randn(head_dim).to(dtype)
+    heads_before = qkv[:, : heads * head_dim].reshape(rows * heads, head_dim).clone()
+    rest_before = qkv[:, heads * head_dim :].clone()
+    out = cpu_rms_norm.rms_norm_heads_(qkv, heads, weight, 1e-6)
+    assert out is qkv
+    expected, _ = cpu_rms_norm.add_rms_norm(heads_before, None, weight, 1e-6)
+    assert torch.equal(qkv[:, : heads * head_dim].reshape(rows * heads, head_dim), expected)
+    assert torch.equal(qkv[:, heads * head_dim :], rest_before)
+
+
+def test_heads_that_do_not_fit_the_rows_are_refused():
+    x = torch.randn(3, 128)
+    with pytest.raises(ValueError, match="heads of 64"):
+        cpu_rms_norm.rms_norm_heads_(x, 3, torch.ones(64), 1e-6)  # 192 > 128 columns
+    with pytest.raises(ValueError, match="weight's dtype"):
+        cpu_rms_norm.rms_norm_heads_(x, 2, torch.ones(64).bfloat16(), 1e-6)

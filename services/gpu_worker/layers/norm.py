@@ -41,6 +41,10 @@ class RMSNorm(CustomOp):
         return self._norm(x), x
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> NormOutput:
+        if residual is None and not x.is_contiguous():
+            # a view of heads in the qkv rows (Qwen3's q/k norms): a copy the kernel takes, so
+            # the bits are those the fused forward gets norming them in place
+            x = x.contiguous()
         if cpu_rms_norm.supports(x, self.weight, residual):
             return cpu_rms_norm.add_rms_norm(x, residual, self.weight, self.eps)
         return self.forward_native(x, residual)

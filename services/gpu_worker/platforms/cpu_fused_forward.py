@@ -63,8 +63,10 @@ from pagedserve.services.gpu_worker.attention.torch_backend import (
 )
 from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
 from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLayer
+from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
     Bf16Packing,
@@ -92,6 +94,9 @@ class _LayerPointers:
     down: int
     qkv_bias: int | None  # None: the layer has none
     o_bias: int | None
+    q_norm: int | None  # Qwen3's per-head RMSNorm weights; None: none
+    k_norm: int | None
+    head_norm_eps: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +129,10 @@ def _panels(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
 
 def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPointers | None:
     attn, mlp = layer.self_attn, layer.mlp
-    if attn.q_norm is not None or not isinstance(mlp.act_and_mul, SiluAndMul):
+    if not isinstance(mlp.act_and_mul, SiluAndMul):
+        return None
+    head_norms = _head_norms(attn, dtype)
+    if head_norms is None:
         return None
     if _bias(mlp.gate_up_proj) is not None or _bias(mlp.down_proj) is not None:
         return None  # Llama's mlp_bias: the fused SwiGLU adds none
@@ -141,8 +149,34 @@ def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPoi
     qkv, o, gate_up, down = (p.data_ptr() for p in panels)  # type: ignore[union-attr]
     qkv_bias, o_bias = (None if b is None else b.data_ptr() for b in biases)
     return _LayerPointers(
-        norms[0].data_ptr(), norms[1].data_ptr(), qkv, o, gate_up, down, qkv_bias, o_bias
+        norms[0].data_ptr(),
+        norms[1].data_ptr(),
+        qkv,
+        o,
+        gate_up,
+        down,
+        qkv_bias,
+        o_bias,
+        *head_norms,
     )
+
+
+def _head_norms(attn: torch.nn.Module, dtype: torch.dtype) -> tuple | None:
+    """(q_norm, k_norm, eps) as the loop takes them: (None, None, 0.0) without q/k norms;
+    None where the layer's are not Qwen3's (an RMSNorm of each head, one eps for both)."""
+    q_norm, k_norm = attn.q_norm, attn.k_norm
+    if q_norm is None:
+        return None, None, 0.0
+    norms = (q_norm, k_norm)
+    if (
+        not attn.norm_each_head
+        or any(type(n) is not RMSNorm for n in norms)
+        or any(n.weight.dtype != dtype or not n.weight.is_contiguous() for n in norms)
+        or q_norm.eps != k_norm.eps
+        or q_norm.weight.shape[0] > cpu_rms_norm.MAX_HEAD
+    ):
+        return None
+    return q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps
 
 
 def _bias(layer: torch.nn.Module) -> torch.Tensor | None:
@@ -179,7 +213,7 @@ class CpuFusedForward:
 
     def __init__(
         self,
-        model: LlamaForCausalLM,
+        model: LlamaForCausalLM | Qwen3ForCausalLM,
         shape: _Shape,
         layers: list[_LayerPointers],
         dtype: torch.dtype = torch.bfloat16,
@@ -216,7 +250,7 @@ class CpuFusedForward:
         self.weights = (cpu_layer_loop.LayerWeights * len(layers))(*(
             cpu_layer_loop.LayerWeights(
                 p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, p.qkv_bias,
-                p.o_bias, None, None, 0, *layer_eps,
+                p.o_bias, p.q_norm, p.k_norm, None, None, 0, *layer_eps, p.head_norm_eps,
             )
             for p, layer_eps in zip(layers, eps, strict=True)
         ))  # fmt: skip
@@ -231,7 +265,8 @@ class CpuFusedForward:
             None if fused else address(self.product[s.hidden]),
             address(self.swiglu) if fused else None,
             None if fused else address(self.silu_and_mul),
-            address(self.norm), address(cpu_rotary.load().rotate_in_place),
+            address(self.norm), address(cpu_rms_norm.load().rms_norm_heads),
+            address(cpu_rotary.load().rotate_in_place),
             address(cpu_kv_write.load().write_kv_rows),
             address(cpu_paged_attention.load().paged_attention),
         )  # fmt: skip
@@ -239,7 +274,8 @@ class CpuFusedForward:
     @classmethod
     def build(cls, model: BaseCausalLM) -> CpuFusedForward | None:
         """The fused forward of `model`, or None where it does not apply."""
-        if type(model) is not LlamaForCausalLM:  # a subclass may change any step
+        # the Llama layer's ops, Qwen3's q/k norms among them (a subclass may change any step)
+        if type(model) not in (LlamaForCausalLM, Qwen3ForCausalLM):
             return None
         if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
             return None  # the C attention kernel has no window

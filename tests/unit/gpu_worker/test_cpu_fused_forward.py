@@ -221,6 +221,6 @@ def test_not_built_for_another_architecture(tmp_path):
     from pagedserve.services.gpu_worker.model_loader import load_model
     from tests.fixtures.tiny_models import build_tiny_model
 
-    model_dir = build_tiny_model(tmp_path / "qwen3", "qwen3")
+    model_dir = build_tiny_model(tmp_path / "olmo2", "olmo2")
     model = load_model(model_dir, TorchAttentionBackend, torch.bfloat16, torch.device("cpu"))
-    assert CpuFusedForward.build(model) is None  # q/k norms: not the Llama layer's ops
+    assert CpuFusedForward.build(model) is None  # post-norms: not the Llama layer's ops

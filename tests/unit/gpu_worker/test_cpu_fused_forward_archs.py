@@ -1,0 +1,131 @@
+"""The CPU fused forward pass of the Llama layer's variants: attention biases (Qwen2's q/k/v,
+Llama's `attention_bias` on q/k/v and o), added inside the products as the modules add them,
+and Qwen3's RMSNorm of each query and key head, normed in the qkv rows as the modules norm
+them; the pass and the modules give the same bits, in bf16 and in float32. The parameters
+that set each apart are random and are shown to matter (a zero bias or a unit norm weight
+would pass without being applied)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagedserve.kernels import cpu_small_gemm
+from pagedserve.services.engine import LLMEngine
+from pagedserve.services.gpu_worker.platforms import cpu_prepack
+from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
+from pagedserve.shared.config import CacheConfig, SchedulerConfig
+from tests.fixtures.tiny_models import build_tiny_model
+from tests.unit.gpu_worker.fused_forward_checks import BLOCK_SIZE, run_steps, two_steps
+
+# widths the kernels take: whole 32-column panels, heads of 64 (bf16 attention's vdpbf16ps)
+SHAPE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
+ARCHS = {"qwen2": {}, "llama": {"attention_bias": True}, "qwen3": {"head_dim": 64}}
+DTYPES = [
+    pytest.param(
+        torch.bfloat16,
+        marks=pytest.mark.skipif(
+            not cpu_small_gemm.cpu_has_avx512_bf16(), reason="bf16's pass needs AVX512-BF16"
+        ),
+    ),
+    pytest.param(
+        torch.float32,
+        marks=pytest.mark.skipif(
+            str(torch.backends.cpu.get_cpu_capability()) not in ("AVX2", "AVX512"),
+            reason="float32's pass needs AVX2",
+        ),
+    ),
+]
+
+
+@pytest.fixture(params=ARCHS)
+def model_dir(request, tmp_path_factory):
+    arch = request.param
+    return build_tiny_model(tmp_path_factory.mktemp(arch), arch, **SHAPE, **ARCHS[arch])
+
+
+def distinctive(model) -> list[torch.Tensor]:
+    """The parameters that set the model's layers apart from Llama's: biases, q/k norms."""
+    found = []
+    for layer in model.layers:
+        attn = layer.self_attn
+        found += [p.bias for p in (attn.qkv_proj, attn.o_proj) if p.bias is not None]
+        found += [n.weight for n in (attn.q_norm, attn.k_norm) if n is not None]
+    return found
+
+
+@pytest.fixture(params=DTYPES, ids=["bf16", "fp32"])
+def engine(request, model_dir, monkeypatch) -> LLMEngine:
+    # float32 weights in the float32 kernel's panels (on Intel CPUs the platform keeps MKL's)
+    monkeypatch.setattr(cpu_prepack, "fp32_uses_kernel", lambda: True)
+    engine = LLMEngine(
+        model_dir,
+        SchedulerConfig(max_num_batched_tokens=256, max_model_len=512),
+        CacheConfig(block_size=BLOCK_SIZE, num_blocks=64),
+        dtype=request.param,
+    )
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # in place: the pass holds their addresses
+        for param in distinctive(engine.runner.model):
+            param.add_(torch.randn(param.shape, generator=gen) * 0.5)
+    return engine
+
+
+def test_the_pass_gives_the_modules_bits(engine):
+    model, fused = engine.runner.model, engine.runner.forward_pass
+    assert isinstance(fused, CpuFusedForward)
+    attn = model.layers[0].self_attn
+    kind = model.config.model_type
+    assert (attn.qkv_proj.bias is not None) == (kind != "qwen3")
+    assert (attn.o_proj.bias is not None) == (kind == "llama")
+    assert (attn.q_norm is not None) == (kind == "qwen3")
+    steps = two_steps(model.config.vocab_size, 20)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    module_caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode():
+        ours = run_steps(fused, caches, steps)
+        theirs = run_steps(model, module_caches, steps)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == model.embed_tokens.weight.dtype and torch.equal(a, b)
+    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
+        assert torch.equal(k, mk) and torch.equal(v, mv)
+
+
+def test_what_sets_the_layers_apart_is_applied(engine):
+    """With the biases zeroed (or the q/k norm weights all ones) the pass gives other
+    outputs, and still the modules' bits."""
+    model, fused = engine.runner.model, engine.runner.forward_pass
+    steps = two_steps(model.config.vocab_size, 20)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+
+    def both():
+        copies = [[(k.clone(), v.clone()) for k, v in caches] for _ in range(2)]
+        with torch.inference_mode():
+            return run_steps(fused, copies[0], steps), run_steps(model, copies[1], steps)
+
+    before, _ = both()
+    with torch.no_grad():
+        for param in distinctive(model):
+            param.fill_(1.0 if param.dim() == 1 and model.config.model_type == "qwen3" else 0.0)
+    after, modules = both()
+    for a, b, m in zip(before, after, modules, strict=True):
+        assert not torch.equal(a, b) and torch.equal(b, m)
+
+
+def test_what_the_loop_cannot_take_keeps_the_modules(engine):
+    """A bias of another dtype, q and k norms of different epsilons, an MLP bias."""
+    model = engine.runner.model
+    assert CpuFusedForward.build(model) is not None
+    layer = model.layers[1]
+    attn, down = layer.self_attn, layer.mlp.down_proj
+    with pytest.MonkeyPatch.context() as patch:
+        if attn.q_norm is not None:
+            patch.setattr(attn.k_norm, "eps", attn.q_norm.eps * 2)
+        else:
+            patch.setattr(attn.qkv_proj, "bias", torch.nn.Parameter(attn.qkv_proj.bias.double()))
+        assert CpuFusedForward.build(model) is None
+    with pytest.MonkeyPatch.context() as patch:
+        bias = torch.zeros(down.weight.shape[0], dtype=down.weight.dtype)
+        patch.setattr(down, "bias", torch.nn.Parameter(bias))
+        assert CpuFusedForward.build(model) is None  # Llama's mlp_bias: the SwiGLU adds none
+    assert CpuFusedForward.build(model) is not None
