@@ -22,6 +22,11 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=14, num_key_value_heads=2, rope_theta=1000000.0,
         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=32768,
     ),
+    "qwen3-0.6b": dict(
+        model_type="qwen3", hidden_size=1024, intermediate_size=3072, num_hidden_layers=28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, rope_theta=1000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=40960,
+    ),
     "llama-3.2-1b": dict(
         model_type="llama", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
@@ -52,10 +57,12 @@ def write_shaped_model(name: str, out_dir: Path, seed: int = 0) -> Path:
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    with torch.no_grad():  # HF zero-inits biases: random ones cost what real ones do
+    with torch.no_grad():  # HF inits biases to 0 and norms to 1: random ones cost the same
         for param_name, param in model.named_parameters():
             if param_name.endswith("bias"):
                 param.normal_(0, 0.02)
+            elif "norm" in param_name:
+                param.normal_(1.0, 0.1)
     model.save_pretrained(out_dir)
     for file in TOKENIZER_FILES:
         if (tokenizer_dir / file).exists():
