@@ -1,6 +1,7 @@
 """The Llama family's forward pass on a CPU in bf16 or float32 as one loop of C calls, a forward
-pass the CPU platform builds for a plain `LlamaForCausalLM` (no other architecture: it is the
-Llama layer's ops in the Llama layer's order).
+pass the CPU platform builds for a plain `LlamaForCausalLM` (Llama, Mistral, Qwen2, SmolLM2)
+or `Qwen3ForCausalLM` (the same layer with an RMSNorm of each query and key head before the
+rotary embedding), no other architecture: it is the Llama layer's ops in their order.
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
