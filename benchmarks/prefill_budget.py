@@ -44,11 +44,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--seed", type=int, default=0)
+    model = "the engines' model; the prompts are the default model's tokens (for a directory"
+    model += " of `benchmarks.shaped_model`, say)"
+    p.add_argument("--model", default="smollm2", help=model)
     p.add_argument("--out", default="benchmarks/results/prefill_budget.json")
     args = p.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
     requests = burst(args.num_prompts, args.prompt_len, args.prompt_len_sigma, args.seed)
-    engines = {b: build_engine("smollm2", 256, b, args.dtype, args.threads) for b in budgets}
+    engines = {b: build_engine(args.model, 256, b, args.dtype, args.threads) for b in budgets}
     for engine in engines.values():  # warm-up
         run_engine(engine, requests[:8], trace=False)
     runs: dict[int, list[dict[str, float]]] = {b: [] for b in budgets}
