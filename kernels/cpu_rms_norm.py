@@ -81,7 +81,10 @@ def rms_norm_heads_(
             f"needs [T, W] rows of {heads} heads of {head_dim} in the weight's dtype "
             f"({weight.dtype}), head_dim at most {MAX_HEAD}; got {x.dtype} {tuple(x.shape)}"
         )
-    load().rms_norm_heads(
+    library = load()
+    if library is None:
+        raise RuntimeError("the CPU RMSNorm kernel is not available (see the log)")
+    library.rms_norm_heads(
         x.data_ptr(), x.shape[0], x.stride(0), heads, head_dim, weight.data_ptr(), eps,
         int(x.dtype == torch.bfloat16),
     )  # fmt: skip
