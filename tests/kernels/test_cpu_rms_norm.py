@@ -116,3 +116,9 @@ def test_heads_that_do_not_fit_the_rows_are_refused():
         cpu_rms_norm.rms_norm_heads_(x, 3, torch.ones(64), 1e-6)  # 192 > 128 columns
     with pytest.raises(ValueError, match="weight's dtype"):
         cpu_rms_norm.rms_norm_heads_(x, 2, torch.ones(64).bfloat16(), 1e-6)
+
+
+def test_heads_without_the_kernel_are_an_error_that_says_so(monkeypatch):
+    monkeypatch.setenv("PAGEDSERVE_CPU_NORM_KERNEL", "0")
+    with pytest.raises(RuntimeError, match="not available"):
+        cpu_rms_norm.rms_norm_heads_(torch.randn(2, 64), 1, torch.ones(64), 1e-6)
