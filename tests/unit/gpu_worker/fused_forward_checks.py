@@ -38,6 +38,20 @@ def two_steps(vocab: int, first_prompt: int):
     return [first, second]
 
 
+def assert_the_modules_bits(engine: LLMEngine, steps, dtype: torch.dtype) -> None:
+    """`steps` through the engine's fused pass and through its model, from the same random
+    caches: the same final hidden states, in `dtype`, and the same caches after."""
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    module_caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.inference_mode():
+        ours = run_steps(engine.runner.forward_pass, caches, steps)
+        theirs = run_steps(engine.runner.model, module_caches, steps)
+    for a, b in zip(ours, theirs, strict=True):
+        assert a.dtype == dtype and torch.equal(a, b)
+    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
+        assert torch.equal(k, mk) and torch.equal(v, mv)
+
+
 def assert_greedy_unchanged(engine: LLMEngine) -> None:
     """Three prompts' greedy tokens through the engine's fused pass and through its model."""
     fused = engine.runner.forward_pass

@@ -21,6 +21,7 @@ from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
     assert_greedy_unchanged,
     assert_logit_rows_keep_their_bits,
+    assert_the_modules_bits,
     run_steps,
     two_steps,
 )
@@ -57,17 +58,8 @@ def test_is_built_here_and_gives_the_module_paths_bits(engine, monkeypatch):
     assert isinstance(fused, CpuFusedForward)  # the CPU platform chose it for SmolLM2
     calls, real = [], fused.forward
     monkeypatch.setattr(fused, "forward", lambda *args: calls.append(1) or real(*args))
-    steps = two_steps(model.config.vocab_size, 20)
-    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
-    module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    with torch.inference_mode():
-        ours = run_steps(fused, caches, steps)
-        theirs = run_steps(model, module_caches, steps)
+    assert_the_modules_bits(engine, two_steps(model.config.vocab_size, 20), torch.bfloat16)
     assert calls == [1, 1]  # both steps took the fused path
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
-    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
-        assert torch.equal(k, mk) and torch.equal(v, mv)
 
 
 def test_the_amx_form_multiplies_then_silu_and_mul_and_keeps_the_bits(engine, monkeypatch):

@@ -19,7 +19,7 @@ from tests.kernels import amx_emulation
 from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
     assert_greedy_unchanged,
-    run_steps,
+    assert_the_modules_bits,
     two_steps,
 )
 
@@ -62,17 +62,8 @@ def test_the_engine_is_built_for_the_tiles(engine):
 
 
 def test_the_pass_and_the_modules_give_the_same_bits_on_the_tiles(engine, amx):
-    model = engine.runner.model
-    steps = two_steps(model.config.vocab_size, 20)
-    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
-    module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    with torch.inference_mode():
-        ours = run_steps(engine.runner.forward_pass, caches, steps)
-        theirs = run_steps(model, module_caches, steps)
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.dtype == torch.bfloat16 and torch.equal(a, b)
-    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
-        assert torch.equal(k, mk) and torch.equal(v, mv)
+    steps = two_steps(engine.runner.model.config.vocab_size, 20)
+    assert_the_modules_bits(engine, steps, torch.bfloat16)
     if amx is not None:
         assert amx_emulation.products(amx) > 0
 

@@ -16,7 +16,12 @@ from pagedserve.services.gpu_worker.platforms import cpu_prepack
 from pagedserve.services.gpu_worker.platforms.cpu_fused_forward import CpuFusedForward
 from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from tests.fixtures.tiny_models import build_tiny_model
-from tests.unit.gpu_worker.fused_forward_checks import BLOCK_SIZE, run_steps, two_steps
+from tests.unit.gpu_worker.fused_forward_checks import (
+    BLOCK_SIZE,
+    assert_the_modules_bits,
+    run_steps,
+    two_steps,
+)
 
 # widths the kernels take: whole 32-column panels, heads of 64 (bf16 attention's vdpbf16ps)
 SHAPE = dict(hidden_size=256, intermediate_size=256, num_attention_heads=4, num_key_value_heads=2)
@@ -80,15 +85,7 @@ def test_the_pass_gives_the_modules_bits(engine):
     assert (attn.o_proj.bias is not None) == (kind == "llama")
     assert (attn.q_norm is not None) == (kind == "qwen3")
     steps = two_steps(model.config.vocab_size, 20)
-    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
-    module_caches = [(k.clone(), v.clone()) for k, v in caches]
-    with torch.inference_mode():
-        ours = run_steps(fused, caches, steps)
-        theirs = run_steps(model, module_caches, steps)
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.dtype == model.embed_tokens.weight.dtype and torch.equal(a, b)
-    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
-        assert torch.equal(k, mk) and torch.equal(v, mv)
+    assert_the_modules_bits(engine, steps, model.embed_tokens.weight.dtype)
 
 
 def test_what_sets_the_layers_apart_is_applied(engine):

@@ -27,7 +27,7 @@ from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
     assert_greedy_unchanged,
     assert_logit_rows_keep_their_bits,
-    run_steps,
+    assert_the_modules_bits,
     two_steps,
 )
 
@@ -62,18 +62,10 @@ def test_is_built_for_float32_and_gives_the_module_paths_bits(engine, monkeypatc
     model, fused = engine.runner.model, engine.runner.forward_pass
     assert isinstance(fused, CpuFusedForward) and fused.dtype == torch.float32
     calls = counting(monkeypatch, fused)
-    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
-    module_caches = [(k.clone(), v.clone()) for k, v in caches]
     # a first prompt of 12 tokens is attended by row, one of 24 on the float32 lanes
     steps = two_steps(model.config.vocab_size, first_prompt)
-    with torch.inference_mode():
-        ours = run_steps(fused, caches, steps)
-        theirs = run_steps(model, module_caches, steps)
+    assert_the_modules_bits(engine, steps, torch.float32)
     assert calls == [1, 1]
-    for a, b in zip(ours, theirs, strict=True):
-        assert a.dtype == torch.float32 and torch.equal(a, b)
-    for (k, v), (mk, mv) in zip(caches, module_caches, strict=True):
-        assert torch.equal(k, mk) and torch.equal(v, mv)
 
 
 def test_a_prompt_step_goes_through_the_pass(engine, monkeypatch):
