@@ -109,10 +109,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--out", default=None, help="also write the table and machine as JSON here")
+    p.add_argument("--model", default=None, help="a model directory (default: the default model)")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = [int(r) for r in args.rows.split(",")]
-    shapes = layer_shapes(ensure_default_model())
+    shapes = layer_shapes(Path(args.model) if args.model else ensure_default_model())
     table = measure(shapes, getattr(torch, args.dtype), rows, args.repeats)
     amx = "AMX" if cpu_small_gemm.amx_available() else "vdpbf16ps or none"
     print(f"{len(shapes)} products, {args.dtype}, {args.threads} threads, ms per step ({amx})")

@@ -32,6 +32,13 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=32, num_key_value_heads=8, rope_theta=500000.0,
         rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=8192,
     ),
+    # every fourth layer without rotary embedding (`no_rope_layer_interval`), no windows
+    "smollm3-3b": dict(
+        model_type="smollm3", hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=4, rope_theta=5000000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=65536,
+        no_rope_layer_interval=4,
+    ),
 }  # fmt: skip
 TOKENIZER_FILES = (
     "tokenizer.json",

@@ -18,7 +18,8 @@
  *   layer_weights   one per layer: its packed weights, the attention's biases if it has them
  *                   (added in the products, before their one rounding, as the modules add
  *                   them), norm weights and epsilons (Qwen3's q/k norms too: each query and
- *                   key head normed in the qkv rows before rotary), its caches
+ *                   key head normed in the qkv rows before rotary), whether it rotates
+ *                   (SmolLM3's NoPE layers do not), its caches
  *   step_buffers    the step's rows, angles, slots, working buffers and the attention
  *                   kernel's arguments
  * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
@@ -94,6 +95,7 @@ typedef struct {
     void *k_cache, *v_cache;
     int64_t num_slots;
     float input_eps, post_attention_eps, head_norm_eps;
+    int32_t rotates; /* 0: no position embedding (SmolLM3's NoPE layers): no rotary */
 } layer_weights;
 
 typedef struct {
@@ -124,8 +126,8 @@ static void mlp_up(const layer_kernels *k, const layer_shape *s, const layer_wei
     k->silu_and_mul(b->gate_up, rows, inter, 2 * inter, b->act, inter);
 }
 
-/* Queries and keys normed head by head where the layer has q/k norms, rotated; keys and
- * values written; then the queries attended, into b->attended. */
+/* Queries and keys normed head by head where the layer has q/k norms, rotated where it
+ * rotates; keys and values written; then the queries attended, into b->attended. */
 static int attention(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
                      const step_buffers *b) {
     const int64_t rows = b->num_tokens, width = (s->num_heads + 2 * s->num_kv_heads) * s->head_dim;
@@ -138,8 +140,9 @@ static int attention(const layer_kernels *k, const layer_shape *s, const layer_w
          k->norm_heads(key, rows, width, s->num_kv_heads, s->head_dim, w->k_norm,
                        w->head_norm_eps, s->is_bf16)))
         return LOOP_NORM_TOO_WIDE;
-    k->rotate(b->qkv, rows, s->num_heads + s->num_kv_heads, s->head_dim, width, b->cos, b->sin,
-              s->is_bf16);
+    if (w->rotates)
+        k->rotate(b->qkv, rows, s->num_heads + s->num_kv_heads, s->head_dim, width, b->cos,
+                  b->sin, s->is_bf16);
     if (k->write_kv(key, value, width, w->k_cache, w->v_cache, w->num_slots, b->slots, rows,
                     kv_row, s->element_bytes))
         return LOOP_SLOT_PAST_CACHE;

@@ -67,6 +67,7 @@ class LayerWeights(ctypes.Structure):
         ("input_eps", _float),
         ("post_attention_eps", _float),
         ("head_norm_eps", _float),
+        ("rotates", _int32),
     ]  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """Self-attention over the paged KV cache, as decoder layers share it: a merged q/k/v
 projection, an optional RMSNorm of each query and key head (Qwen3, Gemma 3), the rotary
-embedding, the attention backend (with a learned sink logit per head where the model has
-them: GPT-OSS) and the output projection."""
+embedding (none in SmolLM3's NoPE layers), the attention backend (with a learned sink logit
+per head where the model has them: GPT-OSS) and the output projection."""
 
 from __future__ import annotations
 
@@ -34,10 +34,13 @@ class Attention(nn.Module):
         sliding_window: int | None = None,
         logit_softcap: float | None = None,
         sinks: bool = False,
+        use_rope: bool = True,
     ) -> None:
         """`head_norm(width)` builds the query and key norms: over each head
         (`qk_norm_width="head"`: Qwen3, Gemma 3) or over the whole projection of this rank
-        (`"projection"`: OLMo2, which then refuses tensor parallelism)."""
+        (`"projection"`: OLMo2, which then refuses tensor parallelism). `use_rope=False`: a
+        layer without position embeddings (SmolLM3's NoPE layers), queries and keys as
+        projected."""
         super().__init__()
         self.head_dim = head_dim
         self.qkv_proj = QKVParallelLinear(
@@ -55,6 +58,7 @@ class Attention(nn.Module):
         self.q_norm = head_norm(q_width) if head_norm else None
         self.k_norm = head_norm(k_width) if head_norm else None
         self.rotate = ApplyRotary()
+        self.use_rope = use_rope
         scale = head_dim**-0.5 if scale is None else scale
         self.sinks = None
         if sinks:  # this rank's heads' logits, as `qkv_proj` holds their queries
@@ -94,8 +98,8 @@ class Attention(nn.Module):
         if self.q_norm is not None and self.norm_each_head:
             q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
             qk = torch.cat([self.q_norm(q)[0], self.k_norm(k)[0]], dim=1)  # [T, Hq+Hkv, D]
-        # Queries and keys rotated in one call (heads are independent), in the fresh tensor.
-        qk = self.rotate(qk, angles)
+        if self.use_rope:  # queries and keys in one call (heads are independent)
+            qk = self.rotate(qk, angles)
         q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         out = self.attn.forward(q, k, v, kv_cache[0], kv_cache[1], metadata)  # [T, Hq, D]

@@ -19,12 +19,14 @@ from pagedserve.services.gpu_worker.models.phi3 import Phi3ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3_moe import Qwen3MoeForCausalLM
+from pagedserve.services.gpu_worker.models.smollm3 import SmolLM3ForCausalLM
 
 MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": Qwen3ForCausalLM,
+    "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
@@ -46,6 +48,7 @@ _MODEL_TYPES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
+    "smollm3": "SmolLM3ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "granite": "GraniteForCausalLM",

@@ -1,7 +1,8 @@
 """The Llama family's forward pass on a CPU in bf16 or float32 as one loop of C calls, a forward
-pass the CPU platform builds for a plain `LlamaForCausalLM` (Llama, Mistral, Qwen2, SmolLM2)
-or `Qwen3ForCausalLM` (the same layer with an RMSNorm of each query and key head before the
-rotary embedding), no other architecture: it is the Llama layer's ops in their order.
+pass the CPU platform builds for a plain `LlamaForCausalLM` (Llama, Mistral, Qwen2, SmolLM2),
+`Qwen3ForCausalLM` (the same layer with an RMSNorm of each query and key head before the
+rotary embedding) or `SmolLM3ForCausalLM` (the same layer, some layers without the rotary
+embedding), no other architecture: it is the Llama layer's ops in their order.
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
@@ -68,6 +69,7 @@ from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
+from pagedserve.services.gpu_worker.models.smollm3 import SmolLM3ForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
 from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
     Bf16Packing,
@@ -98,6 +100,7 @@ class _LayerPointers:
     q_norm: int | None  # Qwen3's per-head RMSNorm weights; None: none
     k_norm: int | None
     head_norm_eps: float
+    rotates: bool  # False: SmolLM3's NoPE layers
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +162,7 @@ def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPoi
         qkv_bias,
         o_bias,
         *head_norms,
+        attn.use_rope,
     )
 
 
@@ -214,7 +218,7 @@ class CpuFusedForward:
 
     def __init__(
         self,
-        model: LlamaForCausalLM | Qwen3ForCausalLM,
+        model: LlamaForCausalLM | Qwen3ForCausalLM | SmolLM3ForCausalLM,
         shape: _Shape,
         layers: list[_LayerPointers],
         dtype: torch.dtype = torch.bfloat16,
@@ -252,6 +256,7 @@ class CpuFusedForward:
             cpu_layer_loop.LayerWeights(
                 p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, p.qkv_bias,
                 p.o_bias, p.q_norm, p.k_norm, None, None, 0, *layer_eps, p.head_norm_eps,
+                p.rotates,
             )
             for p, layer_eps in zip(layers, eps, strict=True)
         ))  # fmt: skip
@@ -275,8 +280,9 @@ class CpuFusedForward:
     @classmethod
     def build(cls, model: BaseCausalLM) -> CpuFusedForward | None:
         """The fused forward of `model`, or None where it does not apply."""
-        # the Llama layer's ops, Qwen3's q/k norms among them (a subclass may change any step)
-        if type(model) not in (LlamaForCausalLM, Qwen3ForCausalLM):
+        # the Llama layer's ops, Qwen3's q/k norms and SmolLM3's NoPE layers among them (a
+        # subclass may change any step)
+        if type(model) not in (LlamaForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM):
             return None
         if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
             return None  # the C attention kernel has no window

@@ -1,9 +1,10 @@
 """The CPU fused forward pass of the Llama layer's variants: attention biases (Qwen2's q/k/v,
 Llama's `attention_bias` on q/k/v and o), added inside the products as the modules add them,
-and Qwen3's RMSNorm of each query and key head, normed in the qkv rows as the modules norm
-them; the pass and the modules give the same bits, in bf16 and in float32. The parameters
-that set each apart are random and are shown to matter (a zero bias or a unit norm weight
-would pass without being applied)."""
+Qwen3's RMSNorm of each query and key head, normed in the qkv rows as the modules norm
+them, and SmolLM3's layers without rotary embedding; the pass and the modules give the same
+bits, in bf16 and in float32. The parameters that set each apart are random and are shown to
+matter (a zero bias or a unit norm weight would pass without being applied), as is each
+layer's rotating or not."""
 
 from __future__ import annotations
 
@@ -59,16 +60,20 @@ def distinctive(model) -> list[torch.Tensor]:
     return found
 
 
-@pytest.fixture(params=DTYPES, ids=["bf16", "fp32"])
-def engine(request, model_dir, monkeypatch) -> LLMEngine:
+def make_engine(model_dir, dtype, monkeypatch) -> LLMEngine:
     # float32 weights in the float32 kernel's panels (on Intel CPUs the platform keeps MKL's)
     monkeypatch.setattr(cpu_prepack, "fp32_uses_kernel", lambda: True)
-    engine = LLMEngine(
+    return LLMEngine(
         model_dir,
         SchedulerConfig(max_num_batched_tokens=256, max_model_len=512),
         CacheConfig(block_size=BLOCK_SIZE, num_blocks=64),
-        dtype=request.param,
+        dtype=dtype,
     )
+
+
+@pytest.fixture(params=DTYPES, ids=["bf16", "fp32"])
+def engine(request, model_dir, monkeypatch) -> LLMEngine:
+    engine = make_engine(model_dir, request.param, monkeypatch)
     gen = torch.Generator().manual_seed(1)
     with torch.no_grad():  # in place: the pass holds their addresses
         for param in distinctive(engine.runner.model):
@@ -126,3 +131,32 @@ def test_what_the_loop_cannot_take_keeps_the_modules(engine):
         patch.setattr(down, "bias", torch.nn.Parameter(bias))
         assert CpuFusedForward.build(model) is None  # Llama's mlp_bias: the SwiGLU adds none
     assert CpuFusedForward.build(model) is not None
+
+
+@pytest.fixture(params=DTYPES, ids=["bf16", "fp32"])
+def smollm3_engine(request, tmp_path, monkeypatch) -> LLMEngine:
+    """Layers 0-2 rotate, layer 3 does not (every fourth, by default)."""
+    model_dir = build_tiny_model(tmp_path, "smollm3", **SHAPE, num_hidden_layers=4)
+    return make_engine(model_dir, request.param, monkeypatch)
+
+
+def test_smollm3s_nope_layer_goes_unrotated_through_the_pass(smollm3_engine, monkeypatch):
+    """The pass gives the modules' bits; with the NoPE layer made to rotate, both give other
+    outputs, the same again: the pass takes each layer's rotating or not from its module."""
+    engine = smollm3_engine
+    model = engine.runner.model
+    assert isinstance(engine.runner.forward_pass, CpuFusedForward)
+    assert [layer.self_attn.use_rope for layer in model.layers] == [True, True, True, False]
+    steps = two_steps(model.config.vocab_size, 20)
+    assert_the_modules_bits(engine, steps, model.embed_tokens.weight.dtype)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+
+    def through(forward_pass):
+        with torch.inference_mode():
+            return run_steps(forward_pass, [(k.clone(), v.clone()) for k, v in caches], steps)
+
+    nope = through(engine.runner.forward_pass)
+    monkeypatch.setattr(model.layers[3].self_attn, "use_rope", True)
+    rotated = CpuFusedForward.build(model)
+    for a, b, m in zip(nope, through(rotated), through(model), strict=True):
+        assert not torch.equal(a, b) and torch.equal(b, m)

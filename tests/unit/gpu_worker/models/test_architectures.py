@@ -72,3 +72,17 @@ def test_gemma2_with_soft_capping_and_alternating_window_layers(tmp_path):
 
 def test_gemma3_text_with_local_and_global_rope(tmp_path):
     check_architecture(tmp_path, "gemma3_text")
+
+
+def test_smollm3_with_a_nope_layer(tmp_path):
+    """Layers 0-2 rotate their queries and keys, layer 3 (every fourth) does not."""
+    check_architecture(tmp_path, "smollm3")
+
+
+def test_smollm3_with_its_own_nope_layers_and_windows_on_them(tmp_path):
+    """`no_rope_layers` as stated (NoPE first), and with `use_sliding_window` the NoPE layers
+    attend within 24 tokens, the others to everything."""
+    check_architecture(
+        tmp_path, "smollm3", no_rope_layers=[0, 1, 0, 1], use_sliding_window=True,
+        sliding_window=24,
+    )  # fmt: skip
