@@ -59,8 +59,14 @@ def write_shaped_model(name: str, out_dir: Path, seed: int = 0) -> Path:
         return out_dir
     tokenizer_dir = ensure_model("smollm2")
     shape = dict(SHAPES[name])
+    # the special ids are the tokenizer's, not the public model's (SmolLM3 pads with 128004)
     config = CONFIG_MAPPING[shape.pop("model_type")](
-        vocab_size=49152, bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16", **shape
+        vocab_size=49152,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=None,
+        torch_dtype="bfloat16",
+        **shape,
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)

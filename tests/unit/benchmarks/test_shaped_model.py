@@ -38,3 +38,18 @@ def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkey
     assert len(result.token_ids) == 4
     assert torch.tensor(result.token_ids).lt(49152).all()
     assert shaped_model.write_shaped_model("small", out) == out  # kept, not written again
+
+
+def test_smollm3s_shape_writes_a_model_with_its_nope_layers(tmp_path, monkeypatch):
+    small = dict(shaped_model.SHAPES["smollm3-3b"])
+    small.update(hidden_size=64, intermediate_size=128, num_hidden_layers=8,
+                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    monkeypatch.setitem(shaped_model.SHAPES, "small", small)
+    out = shaped_model.write_shaped_model("small", tmp_path / "small")
+    engine = LLMEngine(out, SchedulerConfig(max_model_len=256), CacheConfig(num_blocks=32),
+                       dtype="float32")  # fmt: skip
+    model = engine.runner.model
+    assert type(model).__name__ == "SmolLM3ForCausalLM"
+    assert [layer.self_attn.use_rope for layer in model.layers] == [True, True, True, False] * 2
+    result = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
+    assert len(result.token_ids) == 4
