@@ -14,7 +14,7 @@ from pagedserve.services.gpu_worker.models.granite import GraniteForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.models.mixtral import MixtralForCausalLM
-from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM
+from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM, Olmo3ForCausalLM
 from pagedserve.services.gpu_worker.models.phi3 import Phi3ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen2_moe import Qwen2MoeForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
@@ -29,6 +29,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "SmolLM3ForCausalLM": SmolLM3ForCausalLM,
     "GemmaForCausalLM": GemmaForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
+    "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
@@ -51,6 +52,7 @@ _MODEL_TYPES = {
     "smollm3": "SmolLM3ForCausalLM",
     "gemma": "GemmaForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
+    "olmo3": "Olmo3ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",

@@ -129,8 +129,15 @@ class DecoderLM(BaseCausalLM):
         return hidden.new_zeros(token_ids.shape[0], hidden.shape[1]).index_copy_(0, keep, hidden)
 
     def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
-        """Each layer's rotary angles at `positions`: one set for all (Gemma 3 has two)."""
+        """Each layer's rotary angles at `positions`: one set for all (Gemma 3 and OLMo 3 have
+        two, `local_and_global_angles`)."""
         return [self.rotary.angles(positions)] * len(self.layers)
+
+    def local_and_global_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
+        """The angles of `self.local_rotary` in the sliding-window layers, of `self.rotary` in
+        the others: for models with rope parameters by layer type."""
+        full, local = self.rotary.angles(positions), self.local_rotary.angles(positions)
+        return [full if window is None else local for window in self.windows]
 
     def embed(self, token_ids: torch.Tensor) -> torch.Tensor:  # [T] -> [T, H]
         hidden = self.embed_tokens(token_ids)

@@ -36,5 +36,4 @@ class Gemma3ForCausalLM(DecoderLM):
         self.embed_scale = config.hidden_size**0.5
 
     def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
-        full, local = self.rotary.angles(positions), self.local_rotary.angles(positions)
-        return [full if window is None else local for window in self.windows]
+        return self.local_and_global_angles(positions)

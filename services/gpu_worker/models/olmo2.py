@@ -5,6 +5,10 @@ and key projections (not per head) before the rotary embedding:
 
 The q/k norms span every head, so under tensor parallelism each rank would need the others'
 sums: refused there.
+
+OLMo 3: OLMo 2's layers, sliding-window attention where `layer_types` says so (three of every
+four layers by default), and rope parameters by layer type (the long-context checkpoints put
+yarn on the full-attention layers only).
 """
 
 from __future__ import annotations
@@ -19,7 +23,12 @@ from pagedserve.services.gpu_worker.attention.base import AttentionMetadata, Bas
 from pagedserve.services.gpu_worker.layers.attention import Attention
 from pagedserve.services.gpu_worker.layers.mlp import GatedMLP
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
-from pagedserve.services.gpu_worker.layers.rotary import RopeAngles, rotary_from_config
+from pagedserve.services.gpu_worker.layers.rotary import (
+    RopeAngles,
+    RotaryEmbedding,
+    rotary_from_config,
+    rotary_from_params,
+)
 from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
 from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_mlp
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
@@ -53,17 +62,37 @@ class Olmo2ForCausalLM(DecoderLM):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__(config, backend_cls)
         if get_tp_world_size() > 1:
-            raise ValueError("Olmo2ForCausalLM: tensor parallelism is not supported (q/k norms)")
+            name = type(self).__name__
+            raise ValueError(f"{name}: tensor parallelism is not supported (q/k norms)")
         eps = config_value(config, "rms_norm_eps", 1e-6)
         norm = partial(RMSNorm, eps=eps)
         self.layers = nn.ModuleList(
             Olmo2DecoderLayer(
-                llama_attention(config, backend_cls, head_norm=norm, qk_norm_width="projection"),
+                llama_attention(
+                    config,
+                    backend_cls,
+                    head_norm=norm,
+                    qk_norm_width="projection",
+                    sliding_window=window,
+                ),
                 llama_mlp(config),
                 config.hidden_size,
                 eps,
             )
-            for _ in range(config.num_hidden_layers)
+            for window in self.windows
         )
         self.norm = RMSNorm(config.hidden_size, eps)
         self.rotary = rotary_from_config(config, self.head_dim)
+
+
+class Olmo3ForCausalLM(Olmo2ForCausalLM):
+    def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
+        super().__init__(config, backend_cls)
+        params = config.rope_parameters
+        self.rotary = rotary_from_params(config, self.head_dim, params["full_attention"])
+        self.local_rotary: RotaryEmbedding = rotary_from_params(
+            config, self.head_dim, params["sliding_attention"]
+        )
+
+    def layer_angles(self, positions: torch.Tensor) -> list[RopeAngles]:
+        return self.local_and_global_angles(positions)

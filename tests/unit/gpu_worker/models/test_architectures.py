@@ -86,3 +86,20 @@ def test_smollm3_with_its_own_nope_layers_and_windows_on_them(tmp_path):
         tmp_path, "smollm3", no_rope_layers=[0, 1, 0, 1], use_sliding_window=True,
         sliding_window=24,
     )  # fmt: skip
+
+
+def test_olmo3_with_window_layers_and_a_full_one(tmp_path):
+    check_architecture(tmp_path, "olmo3")
+
+
+def test_olmo3_with_yarn_on_its_full_attention_layer_only(tmp_path):
+    """Rope parameters by layer type: yarn over 64 original positions on the full-attention
+    layer, another theta on the window layers."""
+    rope = {
+        "full_attention": {
+            "rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+        "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
+    }  # fmt: skip
+    check_architecture(tmp_path, "olmo3", rope_parameters=rope)
