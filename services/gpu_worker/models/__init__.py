@@ -6,6 +6,7 @@ from pagedserve.services.gpu_worker.models.deepseek_v2 import (
     DeepseekV2ForCausalLM,
     DeepseekV3ForCausalLM,
 )
+from pagedserve.services.gpu_worker.models.exaone4 import Exaone4ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma3 import Gemma3ForCausalLM
@@ -30,6 +31,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "GemmaForCausalLM": GemmaForCausalLM,
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
+    "Exaone4ForCausalLM": Exaone4ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
@@ -53,6 +55,7 @@ _MODEL_TYPES = {
     "gemma": "GemmaForCausalLM",
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
+    "exaone4": "Exaone4ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",

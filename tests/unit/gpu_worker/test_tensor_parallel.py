@@ -87,6 +87,16 @@ def test_tp2_over_gloo_matches_hf(tiny_llama_dir: Path, tmp_path: Path) -> None:
     check_tp2_matches_hf([tiny_llama_dir, one_kv, windowed], prompts)
 
 
+@pytest.mark.slow
+def test_tp2_over_gloo_with_nope_and_head_norm_layers_matches_hf(tmp_path: Path) -> None:
+    """SmolLM3 (a layer without rotary embedding), EXAONE 4 (post-norms, q/k norms of each
+    head, window layers and a NoPE full one): each rank with its half of the heads."""
+    smollm3 = build_tiny_model(tmp_path / "smollm3", "smollm3", seed=5)
+    exaone4 = build_tiny_model(tmp_path / "exaone4", "exaone4", seed=6, sliding_window=16)
+    prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
+    check_tp2_matches_hf([smollm3, exaone4], prompts)
+
+
 def check_tp2_matches_hf(model_dirs: list[Path], prompts: dict[str, list[int]]) -> None:
     """Each model's greedy tokens and logprobs at TP=2 over gloo equal transformers'."""
     plans_per_model, expected = [], {}

@@ -103,3 +103,13 @@ def test_olmo3_with_yarn_on_its_full_attention_layer_only(tmp_path):
         "sliding_attention": {"rope_type": "default", "rope_theta": 500.0},
     }  # fmt: skip
     check_architecture(tmp_path, "olmo3", rope_parameters=rope)
+
+
+def test_exaone4_with_window_layers_and_a_full_one_without_rotary(tmp_path):
+    check_architecture(tmp_path, "exaone4")
+
+
+def test_exaone4_without_a_window_every_layer_rotates(tmp_path):
+    check_architecture(
+        tmp_path, "exaone4", sliding_window=None, layer_types=["full_attention"] * 4
+    )  # fmt: skip
