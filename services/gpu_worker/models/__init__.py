@@ -6,6 +6,7 @@ from pagedserve.services.gpu_worker.models.deepseek_v2 import (
     DeepseekV2ForCausalLM,
     DeepseekV3ForCausalLM,
 )
+from pagedserve.services.gpu_worker.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedserve.services.gpu_worker.models.exaone4 import Exaone4ForCausalLM
 from pagedserve.services.gpu_worker.models.gemma import GemmaForCausalLM
 from pagedserve.services.gpu_worker.models.gemma2 import Gemma2ForCausalLM
@@ -32,6 +33,7 @@ MODEL_REGISTRY: dict[str, type[BaseCausalLM]] = {
     "Olmo2ForCausalLM": Olmo2ForCausalLM,
     "Olmo3ForCausalLM": Olmo3ForCausalLM,
     "Exaone4ForCausalLM": Exaone4ForCausalLM,
+    "Ernie4_5ForCausalLM": Ernie4_5ForCausalLM,
     "GraniteForCausalLM": GraniteForCausalLM,
     "Phi3ForCausalLM": Phi3ForCausalLM,
     "Gemma2ForCausalLM": Gemma2ForCausalLM,
@@ -56,6 +58,7 @@ _MODEL_TYPES = {
     "olmo2": "Olmo2ForCausalLM",
     "olmo3": "Olmo3ForCausalLM",
     "exaone4": "Exaone4ForCausalLM",
+    "ernie4_5": "Ernie4_5ForCausalLM",
     "granite": "GraniteForCausalLM",
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",

@@ -1,8 +1,9 @@
 """The Llama family's forward pass on a CPU in bf16 or float32 as one loop of C calls, a forward
 pass the CPU platform builds for a plain `LlamaForCausalLM` (Llama, Mistral, Qwen2, SmolLM2),
 `Qwen3ForCausalLM` (the same layer with an RMSNorm of each query and key head before the
-rotary embedding) or `SmolLM3ForCausalLM` (the same layer, some layers without the rotary
-embedding), no other architecture: it is the Llama layer's ops in their order.
+rotary embedding), `SmolLM3ForCausalLM` (the same layer, some layers without the rotary
+embedding) or `Ernie4_5ForCausalLM` (a Llama model once loaded), no other architecture: it is
+the Llama layer's ops in their order.
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
@@ -66,6 +67,7 @@ from pagedserve.services.gpu_worker.attention.torch_backend import (
 from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
 from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLayer
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
+from pagedserve.services.gpu_worker.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
@@ -79,6 +81,12 @@ from pagedserve.services.gpu_worker.platforms.cpu_prepack import (
 from pagedserve.shared.options import switch_on
 
 SWITCH = "PAGEDSERVE_CPU_FUSED_FORWARD"
+FUSED_ARCHITECTURES = (
+    LlamaForCausalLM,
+    Qwen3ForCausalLM,
+    SmolLM3ForCausalLM,
+    Ernie4_5ForCausalLM,  # its interleaved rotary pairs made rotate-half ones at load
+)
 # float32 products take any rows; the pass takes a float32 step whose chunks the attention
 # kernel all takes (`cpu_paged_attention.max_query_len`: any, on its float32 lanes, where they
 # take the head)
@@ -218,7 +226,7 @@ class CpuFusedForward:
 
     def __init__(
         self,
-        model: LlamaForCausalLM | Qwen3ForCausalLM | SmolLM3ForCausalLM,
+        model: LlamaForCausalLM | Qwen3ForCausalLM | SmolLM3ForCausalLM | Ernie4_5ForCausalLM,
         shape: _Shape,
         layers: list[_LayerPointers],
         dtype: torch.dtype = torch.bfloat16,
@@ -282,7 +290,7 @@ class CpuFusedForward:
         """The fused forward of `model`, or None where it does not apply."""
         # the Llama layer's ops, Qwen3's q/k norms and SmolLM3's NoPE layers among them (a
         # subclass may change any step)
-        if type(model) not in (LlamaForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM):
+        if type(model) not in FUSED_ARCHITECTURES:
             return None
         if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
             return None  # the C attention kernel has no window

@@ -160,3 +160,14 @@ def test_smollm3s_nope_layer_goes_unrotated_through_the_pass(smollm3_engine, mon
     rotated = CpuFusedForward.build(model)
     for a, b, m in zip(nope, through(rotated), through(model), strict=True):
         assert not torch.equal(a, b) and torch.equal(b, m)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=["bf16", "fp32"])
+def test_ernie4_5_is_a_llama_model_to_the_pass(dtype, tmp_path, monkeypatch):
+    """Its interleaved rotary pairs are made rotate-half ones at load, so the pass takes it
+    and gives the modules' bits."""
+    model_dir = build_tiny_model(tmp_path, "ernie4_5", **SHAPE, head_dim=64)
+    engine = make_engine(model_dir, dtype, monkeypatch)
+    model = engine.runner.model
+    assert isinstance(engine.runner.forward_pass, CpuFusedForward)
+    assert_the_modules_bits(engine, two_steps(model.config.vocab_size, 20), dtype)

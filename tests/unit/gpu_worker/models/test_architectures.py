@@ -113,3 +113,11 @@ def test_exaone4_without_a_window_every_layer_rotates(tmp_path):
     check_architecture(
         tmp_path, "exaone4", sliding_window=None, layer_types=["full_attention"] * 4
     )  # fmt: skip
+
+
+def test_ernie4_5_with_its_interleaved_rotary_pairs(tmp_path):
+    check_architecture(tmp_path, "ernie4_5")
+
+
+def test_ernie4_5_with_biases_on_every_linear(tmp_path):
+    check_architecture(tmp_path, "ernie4_5", use_bias=True)
