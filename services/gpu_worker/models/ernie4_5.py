@@ -47,9 +47,13 @@ class Ernie4_5ForCausalLM(DecoderLM):
         self.layers = nn.ModuleList(
             PreNormDecoderLayer(
                 Attention(
-                    config.hidden_size, *attention_geometry(config), backend_cls,
-                    qkv_bias=bias, o_bias=bias, sliding_window=window,
-                ),  # fmt: skip
+                    config.hidden_size,
+                    *attention_geometry(config),
+                    backend_cls,
+                    qkv_bias=bias,
+                    o_bias=bias,
+                    sliding_window=window,
+                ),
                 GatedMLP(config.hidden_size, config.intermediate_size, act, bias=bias),
                 RMSNorm(config.hidden_size, eps),
                 RMSNorm(config.hidden_size, eps),
