@@ -88,13 +88,15 @@ def test_tp2_over_gloo_matches_hf(tiny_llama_dir: Path, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_tp2_over_gloo_with_nope_and_head_norm_layers_matches_hf(tmp_path: Path) -> None:
+def test_tp2_over_gloo_of_the_newer_dense_models_matches_hf(tmp_path: Path) -> None:
     """SmolLM3 (a layer without rotary embedding), EXAONE 4 (post-norms, q/k norms of each
-    head, window layers and a NoPE full one): each rank with its half of the heads."""
+    head, window layers and a NoPE full one), ERNIE 4.5 (q/k rows reordered at load, before
+    each rank takes its heads): each rank with its half of the heads."""
     smollm3 = build_tiny_model(tmp_path / "smollm3", "smollm3", seed=5)
     exaone4 = build_tiny_model(tmp_path / "exaone4", "exaone4", seed=6, sliding_window=16)
+    ernie = build_tiny_model(tmp_path / "ernie4_5", "ernie4_5", seed=7, use_bias=True)
     prompts = {"a": list(range(3, 40)), "b": [11], "c": list(range(200, 213))}
-    check_tp2_matches_hf([smollm3, exaone4], prompts)
+    check_tp2_matches_hf([smollm3, exaone4, ernie], prompts)
 
 
 def check_tp2_matches_hf(model_dirs: list[Path], prompts: dict[str, list[int]]) -> None:
