@@ -14,8 +14,7 @@ from pagedserve.services.gpu_worker.attention.base import BaseAttentionBackend
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.layers.rotary import rotary_from_config
 from pagedserve.services.gpu_worker.models.decoder_base import DecoderLM, config_value
-from pagedserve.services.gpu_worker.models.llama import llama_attention, llama_mlp
-from pagedserve.services.gpu_worker.models.olmo2 import Olmo2DecoderLayer
+from pagedserve.services.gpu_worker.models.olmo2 import post_norm_layer
 
 
 class Exaone4ForCausalLM(DecoderLM):
@@ -25,17 +24,13 @@ class Exaone4ForCausalLM(DecoderLM):
         head_norm = partial(RMSNorm, eps=eps)
         hybrid = getattr(config, "sliding_window", None) is not None
         self.layers = nn.ModuleList(
-            Olmo2DecoderLayer(
-                llama_attention(
-                    config,
-                    backend_cls,
-                    head_norm=head_norm,
-                    sliding_window=window,
-                    use_rope=not hybrid or window is not None,
-                ),
-                llama_mlp(config),
-                config.hidden_size,
+            post_norm_layer(
+                config,
+                backend_cls,
                 eps,
+                head_norm=head_norm,
+                sliding_window=window,
+                use_rope=not hybrid or window is not None,
             )
             for window in self.windows
         )

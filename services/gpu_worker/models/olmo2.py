@@ -58,6 +58,16 @@ class Olmo2DecoderLayer(nn.Module):
         return hidden + mlp_out, None
 
 
+def post_norm_layer(
+    config: Any, backend_cls: type[BaseAttentionBackend], eps: float, **attention: Any
+) -> Olmo2DecoderLayer:
+    """OLMo 2's layer with a Llama MLP and `llama_attention(**attention)` (OLMo 2/3, EXAONE 4)."""
+    return Olmo2DecoderLayer(
+        llama_attention(config, backend_cls, **attention), llama_mlp(config), config.hidden_size,
+        eps,
+    )  # fmt: skip
+
+
 class Olmo2ForCausalLM(DecoderLM):
     def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
         super().__init__(config, backend_cls)
@@ -67,27 +77,27 @@ class Olmo2ForCausalLM(DecoderLM):
         eps = config_value(config, "rms_norm_eps", 1e-6)
         norm = partial(RMSNorm, eps=eps)
         self.layers = nn.ModuleList(
-            Olmo2DecoderLayer(
-                llama_attention(
-                    config,
-                    backend_cls,
-                    head_norm=norm,
-                    qk_norm_width="projection",
-                    sliding_window=window,
-                ),
-                llama_mlp(config),
-                config.hidden_size,
+            post_norm_layer(
+                config,
+                backend_cls,
                 eps,
+                head_norm=norm,
+                qk_norm_width="projection",
+                sliding_window=window,
             )
             for window in self.windows
         )
         self.norm = RMSNorm(config.hidden_size, eps)
+        self.set_rotary(config)
+
+    def set_rotary(self, config: Any) -> None:
         self.rotary = rotary_from_config(config, self.head_dim)
 
 
 class Olmo3ForCausalLM(Olmo2ForCausalLM):
-    def __init__(self, config: Any, backend_cls: type[BaseAttentionBackend]) -> None:
-        super().__init__(config, backend_cls)
+    def set_rotary(self, config: Any) -> None:
+        """The full-attention layers' rotary and the window layers' (`rope_parameters` by
+        layer type)."""
         params = config.rope_parameters
         self.rotary = rotary_from_params(config, self.head_dim, params["full_attention"])
         self.local_rotary: RotaryEmbedding = rotary_from_params(

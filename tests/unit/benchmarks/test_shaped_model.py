@@ -23,15 +23,21 @@ def test_each_shape_is_a_config_transformers_takes(name):
     assert config.num_attention_heads % config.num_key_value_heads == 0
 
 
-def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkeypatch):
-    small = dict(shaped_model.SHAPES["qwen2.5-0.5b"])
-    small.update(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+def write_small(name, num_layers, tmp_path, monkeypatch):
+    """A written model of `name`'s kind at a tiny width, and an engine over it."""
+    small = dict(shaped_model.SHAPES[name])
+    small.update(hidden_size=64, intermediate_size=128, num_hidden_layers=num_layers,
                  num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
     monkeypatch.setitem(shaped_model.SHAPES, "small", small)
     out = shaped_model.write_shaped_model("small", tmp_path / "small")
-    assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
     engine = LLMEngine(out, SchedulerConfig(max_model_len=256), CacheConfig(num_blocks=32),
                        dtype="float32")  # fmt: skip
+    return out, engine
+
+
+def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkeypatch):
+    out, engine = write_small("qwen2.5-0.5b", 2, tmp_path, monkeypatch)
+    assert (out / "tokenizer.json").exists() and (out / "chat_template.jinja").exists()
     bias = engine.runner.model.layers[0].self_attn.qkv_proj.bias
     assert bias is not None and bool(bias.abs().sum() > 0)
     result = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
@@ -41,13 +47,7 @@ def test_a_written_model_loads_with_random_biases_and_generates(tmp_path, monkey
 
 
 def test_smollm3s_shape_writes_a_model_with_its_nope_layers(tmp_path, monkeypatch):
-    small = dict(shaped_model.SHAPES["smollm3-3b"])
-    small.update(hidden_size=64, intermediate_size=128, num_hidden_layers=8,
-                 num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
-    monkeypatch.setitem(shaped_model.SHAPES, "small", small)
-    out = shaped_model.write_shaped_model("small", tmp_path / "small")
-    engine = LLMEngine(out, SchedulerConfig(max_model_len=256), CacheConfig(num_blocks=32),
-                       dtype="float32")  # fmt: skip
+    _, engine = write_small("smollm3-3b", 8, tmp_path, monkeypatch)
     model = engine.runner.model
     assert type(model).__name__ == "SmolLM3ForCausalLM"
     assert [layer.self_attn.use_rope for layer in model.layers] == [True, True, True, False] * 2
