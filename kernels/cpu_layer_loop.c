@@ -1,5 +1,7 @@
 /* A Llama decoder stack's layers for one step on the CPU, layer after layer, in C: the loop of
- * `CpuFusedForward.forward` (services/gpu_worker/platforms/cpu_fused_forward.py).
+ * `CpuFusedForward.forward` (services/gpu_worker/platforms/cpu_fused_forward.py). Pre-norm
+ * layers (Llama's: x + attn(norm(x)), then + mlp(norm(.))), or post-norm ones (OLMo 2's and
+ * EXAONE 4's: x + norm(attn(x)), then + norm(mlp(.))), as the shape says.
  *
  * Every op of a layer is already a C kernel (RMSNorm with its residual add, the packed
  * products, the fused SwiGLU, rotary, the KV write, paged attention). Called from Python they
@@ -14,16 +16,19 @@
  * caches' pointers and the step's buffers each step):
  *   layer_kernels   the kernels (AMX: a product for gate-and-up and silu_and_mul in place of
  *                   the fused SwiGLU, swiglu NULL)
- *   layer_shape     the model's widths, heads and dtype
+ *   layer_shape     the model's widths, heads and dtype, pre- or post-norm layers, q/k norms
+ *                   of each head (Qwen3, EXAONE 4) or of the whole projection (OLMo 2)
  *   layer_weights   one per layer: its packed weights, the attention's biases if it has them
  *                   (added in the products, before their one rounding, as the modules add
- *                   them), norm weights and epsilons (Qwen3's q/k norms too: each query and
- *                   key head normed in the qkv rows before rotary), whether it rotates
- *                   (SmolLM3's NoPE layers do not), its caches
+ *                   them), the attention branch's and the MLP branch's norm weights and
+ *                   epsilons (before each branch, or after it), q/k norm weights (normed in
+ *                   the qkv rows before rotary), whether it rotates (SmolLM3's NoPE layers do
+ *                   not), its caches
  *   step_buffers    the step's rows, angles, slots, working buffers and the attention
  *                   kernel's arguments
  * The layers read x from `hidden` at the first layer and from `out` after; they leave the last
- * layer's output in `out` and its residual sum in `residual` (the final norm is the caller's).
+ * layer's output in `out` and, pre-norm, its residual sum in `residual` (the final norm is the
+ * caller's: of out + residual, or post-norm of out alone).
  *
  * Only some rows' outputs are used (those the step samples from: a prompt chunk's last token,
  * decodes, drafts; none of a chunk that does not end its prompt), and a row's output is its own
@@ -55,6 +60,8 @@ typedef void (*silu_and_mul_fn)(const void *x, int64_t m, int64_t n_inter, int64
                                 void *y, int64_t y_stride);
 typedef int (*norm_fn)(const void *x, const void *residual, void *sum_out, void *out,
                        const void *weight, int64_t rows, int64_t hidden, float eps, int is_bf16);
+typedef int (*norm_add_fn)(const void *x, const void *residual, void *out, const void *weight,
+                           int64_t rows, int64_t hidden, float eps, int is_bf16);
 typedef int (*norm_heads_fn)(void *x, int64_t rows, int64_t row_stride, int64_t heads,
                              int64_t head_dim, const void *weight, float eps, int is_bf16);
 typedef void (*rotate_fn)(void *x, int64_t tokens, int64_t heads, int64_t head_dim,
@@ -75,6 +82,7 @@ typedef struct {
     swiglu_fn swiglu;
     silu_and_mul_fn silu_and_mul;
     norm_fn norm;
+    norm_add_fn norm_add;     /* rms_norm_add: residual + norm(x), for post-norm layers */
     norm_heads_fn norm_heads; /* rms_norm_heads, for layers with q/k norms */
     rotate_fn rotate;
     write_kv_fn write_kv;
@@ -86,15 +94,19 @@ typedef struct {
     int64_t element_bytes;
     float scale;
     int32_t is_bf16;
+    int32_t post_norms;    /* 1: OLMo 2's layers, a norm after each branch; 0: Llama's, before */
+    int32_t qk_norm_whole; /* 1: q/k norms over the whole projection (OLMo 2); 0: each head */
 } layer_shape;
 
 typedef struct {
-    const void *input_norm, *post_attention_norm, *qkv, *o, *gate_up, *down;
+    const void *attention_norm, *mlp_norm; /* the branches' norms: before them, or after */
+    const void *qkv, *o, *gate_up, *down;
     const void *qkv_bias, *o_bias; /* NULL: none (Qwen2: q/k/v only; Llama's attention_bias) */
-    const void *q_norm, *k_norm;   /* NULL: none; Qwen3: an RMSNorm weight [head_dim] each */
+    const void *q_norm, *k_norm;   /* NULL: none; else an RMSNorm weight [head_dim] each
+                                      (Qwen3), or of the projection's width (OLMo 2) */
     void *k_cache, *v_cache;
     int64_t num_slots;
-    float input_eps, post_attention_eps, head_norm_eps;
+    float attention_eps, mlp_eps, head_norm_eps;
     int32_t rotates; /* 0: no position embedding (SmolLM3's NoPE layers): no rotary */
 } layer_weights;
 
@@ -112,16 +124,16 @@ typedef struct {
     int64_t num_keep;         /* ascending, distinct */
 } step_buffers;
 
-/* silu(normed Wg^T) * (normed Wu^T) of the first `rows` rows into b->act: fused, or (AMX)
- * the product, then silu_and_mul. */
+/* silu(x Wg^T) * (x Wu^T) of the first `rows` rows of x into b->act: fused, or (AMX) the
+ * product, then silu_and_mul. */
 static void mlp_up(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
-                   const step_buffers *b, int64_t rows) {
+                   const step_buffers *b, const void *x, int64_t rows) {
     const int64_t hidden = s->hidden, inter = s->intermediate;
     if (k->swiglu != NULL) {
-        k->swiglu(b->normed, rows, hidden, hidden, w->gate_up, inter, b->act, inter);
+        k->swiglu(x, rows, hidden, hidden, w->gate_up, inter, b->act, inter);
         return;
     }
-    k->gate_up_product(b->normed, rows, hidden, hidden, w->gate_up, 2 * inter, NULL, b->gate_up,
+    k->gate_up_product(x, rows, hidden, hidden, w->gate_up, 2 * inter, NULL, b->gate_up,
                        2 * inter);
     k->silu_and_mul(b->gate_up, rows, inter, 2 * inter, b->act, inter);
 }
@@ -134,11 +146,16 @@ static int attention(const layer_kernels *k, const layer_shape *s, const layer_w
     const int64_t kv_row = s->num_kv_heads * s->head_dim;
     char *key = (char *)b->qkv + s->num_heads * s->head_dim * s->element_bytes;
     char *value = key + kv_row * s->element_bytes;
+    /* q/k norms of each head, or of the whole projection: one "head" of every head's width */
+    const int whole = s->qk_norm_whole;
+    const int64_t q_heads = whole ? 1 : s->num_heads, k_heads = whole ? 1 : s->num_kv_heads;
+    const int64_t q_dim = whole ? s->num_heads * s->head_dim : s->head_dim;
+    const int64_t k_dim = whole ? kv_row : s->head_dim;
     if (w->q_norm != NULL &&
-        (k->norm_heads(b->qkv, rows, width, s->num_heads, s->head_dim, w->q_norm,
-                       w->head_norm_eps, s->is_bf16) ||
-         k->norm_heads(key, rows, width, s->num_kv_heads, s->head_dim, w->k_norm,
-                       w->head_norm_eps, s->is_bf16)))
+        (k->norm_heads(b->qkv, rows, width, q_heads, q_dim, w->q_norm, w->head_norm_eps,
+                       s->is_bf16) ||
+         k->norm_heads(key, rows, width, k_heads, k_dim, w->k_norm, w->head_norm_eps,
+                       s->is_bf16)))
         return LOOP_NORM_TOO_WIDE;
     if (w->rotates)
         k->rotate(b->qkv, rows, s->num_heads + s->num_kv_heads, s->head_dim, width, b->cos,
@@ -165,40 +182,87 @@ static void compact_rows(void *dst, const void *src, const int64_t *keep, int64_
                     row_bytes);
 }
 
-/* One layer: x (+ residual) -> normed, the sum the next residual (x itself at layer 0, where
- * residual is NULL); its output in b->out, its residual sum in b->residual. `last`: the rows
- * of b->keep_rows only past attention (every row's keys and values are written; no other row
- * of the last layer's output is read), moved to the front of b->out and b->residual. */
-static int layer(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
-                 const step_buffers *b, const void *x, const void *residual, int last) {
+/* The last layer past attention keeps only the rows of b->keep_rows: their attended rows,
+ * and their rows of x (the branch's residual), moved to the front of b->attended and of
+ * `front` (which may be x itself). Returns how many rows are left. */
+static int64_t keep_rows_only(const layer_shape *s, const step_buffers *b, const void **x,
+                              void *front) {
+    compact_rows(b->attended, b->attended, b->keep_rows, b->num_keep,
+                 s->num_heads * s->head_dim, s->element_bytes);
+    compact_rows(front, *x, b->keep_rows, b->num_keep, s->hidden, s->element_bytes);
+    *x = front;
+    return b->num_keep;
+}
+
+/* The qkv product of `input`, then attention into b->attended. */
+static int attention_branch(const layer_kernels *k, const layer_shape *s,
+                            const layer_weights *w, const step_buffers *b, const void *input) {
+    const int64_t width = (s->num_heads + 2 * s->num_kv_heads) * s->head_dim;
+    k->qkv_product(input, b->num_tokens, s->hidden, s->hidden, w->qkv, width, w->qkv_bias, b->qkv,
+                   width);
+    return attention(k, s, w, b);
+}
+
+/* b->attended's first `rows` rows times o into `out`. */
+static void o_product(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
+                      const step_buffers *b, int64_t rows, void *out) {
+    const int64_t attention_width = s->num_heads * s->head_dim;
+    k->o_product(b->attended, rows, attention_width, attention_width, w->o, s->hidden, w->o_bias,
+                 out, s->hidden);
+}
+
+/* A pre-norm layer: x (+ residual) -> normed, the sum the next residual (x itself at layer 0,
+ * where residual is NULL); its output in b->out, its residual sum in b->residual. `last`: the
+ * rows of b->keep_rows only past attention (every row's keys and values are written; no other
+ * row of the last layer's output is read), moved to the front of b->out and b->residual. */
+static int pre_norm_layer(const layer_kernels *k, const layer_shape *s, const layer_weights *w,
+                          const step_buffers *b, const void *x, const void *residual, int last) {
     int64_t rows = b->num_tokens;
     const int64_t hidden = s->hidden;
-    const int64_t attention_width = s->num_heads * s->head_dim;
-    const int64_t width = attention_width + 2 * s->num_kv_heads * s->head_dim;
-    if (k->norm(x, residual, b->residual, b->normed, w->input_norm, rows, hidden, w->input_eps,
-                s->is_bf16))
+    if (k->norm(x, residual, b->residual, b->normed, w->attention_norm, rows, hidden,
+                w->attention_eps, s->is_bf16))
         return LOOP_NORM_TOO_WIDE;
     const void *x_residual = residual != NULL ? b->residual : x;
-    k->qkv_product(b->normed, rows, hidden, hidden, w->qkv, width, w->qkv_bias, b->qkv, width);
-    const int status = attention(k, s, w, b);
+    const int status = attention_branch(k, s, w, b, b->normed);
     if (status != LOOP_OK) return status;
     if (last && b->keep_rows != NULL) {
-        compact_rows(b->attended, b->attended, b->keep_rows, b->num_keep, attention_width,
-                     s->element_bytes);
-        compact_rows(b->residual, x_residual, b->keep_rows, b->num_keep, hidden,
-                     s->element_bytes);
-        x_residual = b->residual;
-        rows = b->num_keep;
+        rows = keep_rows_only(s, b, &x_residual, b->residual);
         if (rows == 0) return LOOP_OK; /* no row's output is used: nothing more to compute */
     }
-    k->o_product(b->attended, rows, attention_width, attention_width, w->o, hidden, w->o_bias,
-                 b->out, hidden);
-    if (k->norm(b->out, x_residual, b->residual, b->normed, w->post_attention_norm, rows, hidden,
-                w->post_attention_eps, s->is_bf16))
+    o_product(k, s, w, b, rows, b->out);
+    if (k->norm(b->out, x_residual, b->residual, b->normed, w->mlp_norm, rows, hidden,
+                w->mlp_eps, s->is_bf16))
         return LOOP_NORM_TOO_WIDE;
-    mlp_up(k, s, w, b, rows);
+    mlp_up(k, s, w, b, b->normed, rows);
     k->down_product(b->act, rows, s->intermediate, s->intermediate, w->down, hidden, NULL, b->out,
                     hidden);
+    return LOOP_OK;
+}
+
+/* A post-norm layer: h = x + norm(attn(x)) into b->residual, then its output
+ * h + norm(mlp(h)) into b->out (b->normed holds each branch's output before its norm). `last`:
+ * the rows of b->keep_rows only past attention, moved to the front of b->out. */
+static int post_norm_layer(const layer_kernels *k, const layer_shape *s,
+                           const layer_weights *w, const step_buffers *b, const void *x,
+                           int last) {
+    int64_t rows = b->num_tokens;
+    const int64_t hidden = s->hidden;
+    const int status = attention_branch(k, s, w, b, x);
+    if (status != LOOP_OK) return status;
+    if (last && b->keep_rows != NULL) {
+        rows = keep_rows_only(s, b, &x, b->out);
+        if (rows == 0) return LOOP_OK;
+    }
+    o_product(k, s, w, b, rows, b->normed);
+    if (k->norm_add(b->normed, x, b->residual, w->attention_norm, rows, hidden, w->attention_eps,
+                    s->is_bf16))
+        return LOOP_NORM_TOO_WIDE;
+    mlp_up(k, s, w, b, b->residual, rows);
+    k->down_product(b->act, rows, s->intermediate, s->intermediate, w->down, hidden, NULL,
+                    b->normed, hidden);
+    if (k->norm_add(b->normed, b->residual, b->out, w->mlp_norm, rows, hidden, w->mlp_eps,
+                    s->is_bf16))
+        return LOOP_NORM_TOO_WIDE;
     return LOOP_OK;
 }
 
@@ -209,8 +273,12 @@ int run_decoder_layers(const void *kernels, const void *shape, const void *weigh
     const layer_weights *w = (const layer_weights *)weights;
     const step_buffers *b = (const step_buffers *)buffers;
     for (int64_t i = 0; i < num_layers; i++) {
-        const int status = layer(k, s, w + i, b, i == 0 ? b->hidden : b->out,
-                                 i == 0 ? NULL : b->residual, i == num_layers - 1);
+        const void *x = i == 0 ? b->hidden : b->out;
+        const int last = i == num_layers - 1;
+        const int status = s->post_norms
+                               ? post_norm_layer(k, s, w + i, b, x, last)
+                               : pre_norm_layer(k, s, w + i, b, x, i == 0 ? NULL : b->residual,
+                                                last);
         if (status != LOOP_OK) return status;
     }
     return LOOP_OK;

@@ -35,7 +35,7 @@ class LayerKernels(ctypes.Structure):
         (name, _pointer)
         for name in (
             "qkv_product", "o_product", "down_product", "gate_up_product", "swiglu",
-            "silu_and_mul", "norm", "norm_heads", "rotate", "write_kv", "attend",
+            "silu_and_mul", "norm", "norm_add", "norm_heads", "rotate", "write_kv", "attend",
         )
     ]  # fmt: skip
 
@@ -51,6 +51,8 @@ class LayerShape(ctypes.Structure):
         ],
         ("scale", _float),
         ("is_bf16", _int32),
+        ("post_norms", _int32),
+        ("qk_norm_whole", _int32),
     ]  # fmt: skip
 
 
@@ -59,13 +61,13 @@ class LayerWeights(ctypes.Structure):
         *[
             (name, _pointer)
             for name in (
-                "input_norm", "post_attention_norm", "qkv", "o", "gate_up", "down", "qkv_bias",
+                "attention_norm", "mlp_norm", "qkv", "o", "gate_up", "down", "qkv_bias",
                 "o_bias", "q_norm", "k_norm", "k_cache", "v_cache",
             )
         ],
         ("num_slots", _int64),
-        ("input_eps", _float),
-        ("post_attention_eps", _float),
+        ("attention_eps", _float),
+        ("mlp_eps", _float),
         ("head_norm_eps", _float),
         ("rotates", _int32),
     ]  # fmt: skip

@@ -15,6 +15,10 @@
  * Layouts: x, residual, sum_out, out [rows, hidden], row-major, contiguous; weight [hidden]
  * in the same dtype. residual may be NULL (no add; sum_out is then not written). dtype: 0
  * float32, 1 bfloat16.
+ *
+ * `rms_norm_add` is the other order, a post-norm layer's (OLMo 2, EXAONE 4: the norm after
+ * the branch, then the residual add): out = residual + RMSNorm(x) * weight, the norm as above
+ * without an add, the sum rounded to the dtype, as the modules' `hidden + norm(branch)`.
  */
 #include <math.h>
 #include <stdint.h>
@@ -90,15 +94,42 @@ int add_rms_norm(const void *x, const void *residual, void *sum_out, void *out,
     return 0;
 }
 
+/* residual + RMSNorm(x) * weight, row by row (see the top); out may be residual itself.
+ * Returns 0, or -1 if hidden is too large for the row buffer. */
+int rms_norm_add(const void *x, const void *residual, void *out, const void *weight,
+                 int64_t rows, int64_t hidden, float eps, int is_bf16) {
+    enum { MAX_HIDDEN = 1 << 14 };
+    if (hidden > MAX_HIDDEN) return -1;
+    const int64_t element = is_bf16 ? 2 : 4;
+#pragma omp parallel for schedule(static) if (rows * hidden >= PARALLEL_MIN_ELEMENTS)
+    for (int64_t row = 0; row < rows; row++) {
+        float sum[MAX_HIDDEN];
+        char normed[MAX_HIDDEN * 4];
+        const int64_t offset = row * hidden * element;
+        const void *x_row = (const char *)x + offset;
+        const void *residual_row = (const char *)residual + offset;
+        void *out_row = (char *)out + offset;
+        if (is_bf16)
+            norm_row(x_row, 0, 0, normed, weight, hidden, eps, 1, sum);
+        else
+            norm_row(x_row, 0, 0, normed, weight, hidden, eps, 0, sum);
+        for (int64_t j = 0; j < hidden; j++)
+            store(out_row, j, load(residual_row, j, is_bf16) + load(normed, j, is_bf16),
+                  is_bf16);
+    }
+    return 0;
+}
+
 /* RMSNorm of each head of strided rows, in place: `rows` rows `row_stride` elements apart,
  * each starting with `heads` heads of `head_dim` elements (a qkv product's query or key heads,
- * as Qwen3 norms them before the rotary embedding), each head normed with one weight
+ * as Qwen3 norms them before the rotary embedding; OLMo 2 norms the whole projection, one
+ * "head" of every head's width), each head normed with one weight
  * [head_dim] as add_rms_norm norms a row without residual, so the bits are the same as
  * add_rms_norm's on a contiguous copy of the heads. Returns 0, or -1 if head_dim is too
  * large for the row buffer. */
 int rms_norm_heads(void *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
                    const void *weight, float eps, int is_bf16) {
-    enum { MAX_HEAD = 1 << 10 };
+    enum { MAX_HEAD = 1 << 14 };
     if (head_dim > MAX_HEAD) return -1;
     const int64_t element = is_bf16 ? 2 : 4;
 #pragma omp parallel for schedule(static) if (rows * heads * head_dim >= PARALLEL_MIN_ELEMENTS)

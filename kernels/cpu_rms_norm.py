@@ -15,12 +15,12 @@ KERNEL = cpu_build.CKernel(
     source="cpu_rms_norm.c",
     switch="PAGEDSERVE_CPU_NORM_KERNEL",
     what="CPU RMSNorm kernel",
-    functions=("add_rms_norm", "rms_norm_heads"),
+    functions=("add_rms_norm", "rms_norm_add", "rms_norm_heads"),
 )
 load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HIDDEN = 1 << 14  # the C row buffer's size
-MAX_HEAD = 1 << 10  # the most head_dim rms_norm_heads takes
+MAX_HEAD = 1 << 14  # the most head_dim rms_norm_heads takes (OLMo 2: a whole projection)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:

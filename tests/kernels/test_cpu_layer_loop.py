@@ -20,10 +20,11 @@ def test_the_ctypes_structs_have_the_c_structs_sizes():
 
 
 def test_field_offsets_follow_c_layout():
-    """float then int32 after seven int64: no padding between them, 8-byte end alignment."""
+    """float then int32s after seven int64: no padding between them, 8-byte end alignment."""
     shape = cpu_layer_loop.LayerShape
     assert shape.scale.offset == 7 * 8 and shape.is_bf16.offset == 7 * 8 + 4
-    assert cpu_layer_loop.LayerWeights.input_eps.offset == 13 * 8  # twelve pointers, an int64
+    assert shape.qk_norm_whole.offset == 7 * 8 + 12 and ctypes.sizeof(shape) == 9 * 8
+    assert cpu_layer_loop.LayerWeights.attention_eps.offset == 13 * 8  # twelve pointers, an int64
 
 
 @pytest.mark.parametrize(

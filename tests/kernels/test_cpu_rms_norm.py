@@ -122,3 +122,46 @@ def test_heads_without_the_kernel_are_an_error_that_says_so(monkeypatch):
     monkeypatch.setenv("PAGEDSERVE_CPU_NORM_KERNEL", "0")
     with pytest.raises(RuntimeError, match="not available"):
         cpu_rms_norm.rms_norm_heads_(torch.randn(2, 64), 1, torch.ones(64), 1e-6)
+
+
+def rms_norm_add(x, residual, out, weight, eps):
+    """The kernel's post-norm form, called as the fused forward's layer loop calls it."""
+    return cpu_rms_norm.load().rms_norm_add(
+        x.data_ptr(), residual.data_ptr(), out.data_ptr(), weight.data_ptr(), x.shape[0],
+        x.shape[1], eps, int(x.dtype == torch.bfloat16),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("rows", [1, 5, 300])  # serial, threads
+def test_the_post_norm_add_is_the_modules_norm_then_add(dtype, rows):
+    """residual + RMSNorm(x) (OLMo 2's `hidden + norm(branch)`): the bits of the norm without
+    a residual, then a torch add, into a buffer of its own or in place of the residual."""
+    torch.manual_seed(rows)
+    x, residual = (torch.randn(rows, 576) * 3).to(dtype), torch.randn(rows, 576).to(dtype)
+    weight = torch.randn(576).to(dtype)
+    normed, _ = cpu_rms_norm.add_rms_norm(x, None, weight, 1e-6)
+    expected = residual + normed
+    out = torch.full_like(x, float("nan"))
+    assert rms_norm_add(x, residual, out, weight, 1e-6) == 0
+    assert torch.equal(out, expected)
+    assert rms_norm_add(x, residual, residual, weight, 1e-6) == 0
+    assert torch.equal(residual, expected)
+
+
+def test_the_post_norm_add_refuses_a_row_past_its_buffer():
+    too_wide = cpu_rms_norm.MAX_HIDDEN + 8
+    x = torch.zeros(1, too_wide)
+    assert rms_norm_add(x, x.clone(), x.clone(), torch.ones(too_wide), 1e-6) == -1
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_whole_projection_normed_as_one_head(dtype):
+    """OLMo 2's q norm in the qkv rows: one "head" of 4096 (32 heads of 128)."""
+    width, rows = 4096, 3
+    torch.manual_seed(0)
+    qkv = torch.randn(rows, width + 2 * 1024).to(dtype)
+    weight = torch.randn(width).to(dtype)
+    expected, _ = cpu_rms_norm.add_rms_norm(qkv[:, :width].clone(), None, weight, 1e-6)
+    cpu_rms_norm.rms_norm_heads_(qkv, 1, weight, 1e-6)
+    assert torch.equal(qkv[:, :width], expected)

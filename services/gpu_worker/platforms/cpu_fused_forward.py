@@ -2,8 +2,10 @@
 pass the CPU platform builds for a plain `LlamaForCausalLM` (Llama, Mistral, Qwen2, SmolLM2),
 `Qwen3ForCausalLM` (the same layer with an RMSNorm of each query and key head before the
 rotary embedding), `SmolLM3ForCausalLM` (the same layer, some layers without the rotary
-embedding) or `Ernie4_5ForCausalLM` (a Llama model once loaded), no other architecture: it is
-the Llama layer's ops in their order.
+embedding), `Ernie4_5ForCausalLM` (a Llama model once loaded), `Olmo2ForCausalLM` (the
+Llama layer's ops with each norm after its branch, and q/k norms over the whole projection)
+or `Exaone4ForCausalLM` without a window (OLMo 2's layer with q/k norms of each head), no
+other architecture: it is those layers' ops in their order.
 
 On a CPU with AVX512-BF16 every op of a decoder layer is one of our C kernels already: the
 residual add with RMSNorm, the packed bf16 products, the fused SwiGLU, the rotary embedding,
@@ -68,8 +70,10 @@ from pagedserve.services.gpu_worker.layers.activation import SiluAndMul
 from pagedserve.services.gpu_worker.layers.decoder_layer import PreNormDecoderLayer
 from pagedserve.services.gpu_worker.layers.norm import RMSNorm
 from pagedserve.services.gpu_worker.models.ernie4_5 import Ernie4_5ForCausalLM
+from pagedserve.services.gpu_worker.models.exaone4 import Exaone4ForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
+from pagedserve.services.gpu_worker.models.olmo2 import Olmo2DecoderLayer, Olmo2ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 from pagedserve.services.gpu_worker.models.smollm3 import SmolLM3ForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
@@ -86,6 +90,8 @@ FUSED_ARCHITECTURES = (
     Qwen3ForCausalLM,
     SmolLM3ForCausalLM,
     Ernie4_5ForCausalLM,  # its interleaved rotary pairs made rotate-half ones at load
+    Olmo2ForCausalLM,  # post-norm layers (not OLMo 3: rotaries by layer type)
+    Exaone4ForCausalLM,  # post-norm layers; without a window, every layer rotates
 )
 # float32 products take any rows; the pass takes a float32 step whose chunks the attention
 # kernel all takes (`cpu_paged_attention.max_query_len`: any, on its float32 lanes, where they
@@ -97,15 +103,17 @@ FP32_MAX_ROWS = 1 << 16
 class _LayerPointers:
     """A decoder layer's weights as the kernels take them."""
 
-    input_norm: int
-    post_attention_norm: int
+    attention_norm: int  # the attention branch's norm: before it (Llama), or after (OLMo 2)
+    mlp_norm: int
+    attention_eps: float
+    mlp_eps: float
     qkv: int  # packed panels
     o: int
     gate_up: int
     down: int
     qkv_bias: int | None  # None: the layer has none
     o_bias: int | None
-    q_norm: int | None  # Qwen3's per-head RMSNorm weights; None: none
+    q_norm: int | None  # RMSNorm weights of each head (Qwen3) or the projection; None: none
     k_norm: int | None
     head_norm_eps: float
     rotates: bool  # False: SmolLM3's NoPE layers
@@ -118,6 +126,8 @@ class _Shape:
     num_kv_heads: int
     head_dim: int
     intermediate: int
+    post_norms: bool = False  # OLMo 2's layers: a norm after each branch
+    qk_norm_whole: bool = False  # OLMo 2's q/k norms: over the whole projection, not each head
 
     @property
     def qkv_width(self) -> int:
@@ -139,18 +149,33 @@ def _panels(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
     return None
 
 
-def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPointers | None:
+def _branch_norms(layer: torch.nn.Module) -> tuple[RMSNorm, RMSNorm] | None:
+    """The attention branch's norm and the MLP branch's: before each (Llama's layer), or after
+    (OLMo 2's); None for any other layer."""
+    if type(layer) is PreNormDecoderLayer:
+        return layer.input_layernorm, layer.post_attention_layernorm
+    if type(layer) is Olmo2DecoderLayer:
+        return layer.post_attention_layernorm, layer.post_feedforward_layernorm
+    return None
+
+
+def _layer_pointers(
+    layer: PreNormDecoderLayer | Olmo2DecoderLayer, dtype: torch.dtype, qk_norm_whole: bool
+) -> _LayerPointers | None:
     attn, mlp = layer.self_attn, layer.mlp
+    branch_norms = _branch_norms(layer)
+    if branch_norms is None or any(type(n) is not RMSNorm for n in branch_norms):
+        return None
     if not isinstance(mlp.act_and_mul, SiluAndMul):
         return None
-    head_norms = _head_norms(attn, dtype)
+    head_norms = _head_norms(attn, dtype, qk_norm_whole)
     if head_norms is None:
         return None
     if _bias(mlp.gate_up_proj) is not None or _bias(mlp.down_proj) is not None:
         return None  # Llama's mlp_bias: the fused SwiGLU adds none
     linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
     panels = [_panels(m, dtype) for m in linears]
-    norms = (layer.input_layernorm.weight, layer.post_attention_layernorm.weight)
+    norms = tuple(n.weight for n in branch_norms)
     biases = [_bias(m) for m in linears[:2]]
     if (
         any(p is None for p in panels)
@@ -163,6 +188,8 @@ def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPoi
     return _LayerPointers(
         norms[0].data_ptr(),
         norms[1].data_ptr(),
+        branch_norms[0].eps,
+        branch_norms[1].eps,
         qkv,
         o,
         gate_up,
@@ -174,19 +201,20 @@ def _layer_pointers(layer: PreNormDecoderLayer, dtype: torch.dtype) -> _LayerPoi
     )
 
 
-def _head_norms(attn: torch.nn.Module, dtype: torch.dtype) -> tuple | None:
+def _head_norms(attn: torch.nn.Module, dtype: torch.dtype, whole: bool) -> tuple | None:
     """(q_norm, k_norm, eps) as the loop takes them: (None, None, 0.0) without q/k norms;
-    None where the layer's are not Qwen3's (an RMSNorm of each head, one eps for both)."""
+    None where the layer's are not RMSNorms of each head (Qwen3), or of the whole projection
+    where `whole` (OLMo 2), with one eps for both."""
     q_norm, k_norm = attn.q_norm, attn.k_norm
     if q_norm is None:
         return None, None, 0.0
     norms = (q_norm, k_norm)
     if (
-        not attn.norm_each_head
+        attn.norm_each_head == whole
         or any(type(n) is not RMSNorm for n in norms)
         or any(n.weight.dtype != dtype or not n.weight.is_contiguous() for n in norms)
         or q_norm.eps != k_norm.eps
-        or q_norm.weight.shape[0] > cpu_rms_norm.MAX_HEAD
+        or max(n.weight.shape[0] for n in norms) > cpu_rms_norm.MAX_HEAD
     ):
         return None
     return q_norm.weight.data_ptr(), k_norm.weight.data_ptr(), q_norm.eps
@@ -226,7 +254,7 @@ class CpuFusedForward:
 
     def __init__(
         self,
-        model: LlamaForCausalLM | Qwen3ForCausalLM | SmolLM3ForCausalLM | Ernie4_5ForCausalLM,
+        model: BaseCausalLM,  # one of FUSED_ARCHITECTURES
         shape: _Shape,
         layers: list[_LayerPointers],
         dtype: torch.dtype = torch.bfloat16,
@@ -236,9 +264,7 @@ class CpuFusedForward:
         self.dtype = dtype
         self.is_bf16 = int(dtype == torch.bfloat16)  # the C kernels' dtype flag
         self.element_bytes = torch.empty(0, dtype=dtype).element_size()
-        first = model.layers[0]
-        eps = [(x.input_layernorm.eps, x.post_attention_layernorm.eps) for x in model.layers]
-        self.scale = first.self_attn.attn.scale
+        self.scale = model.layers[0].self_attn.attn.scale
         widths = (shape.hidden, shape.attention_width, shape.intermediate)
         if self.is_bf16:
             self.max_rows = min(cpu_small_gemm.fused_max_rows(width) for width in widths)
@@ -254,19 +280,21 @@ class CpuFusedForward:
             self.fuses_swiglu = True
             self.swiglu = library.small_sgemm_swiglu
         self.norm = cpu_rms_norm.load().add_rms_norm
+        self.norm_add = cpu_rms_norm.load().rms_norm_add
         self.kernels = self._loop_kernels()
         # block_size 0 until the caches are bound (each step: the worker may reallocate them)
         self.loop_shape = cpu_layer_loop.LayerShape(
             shape.hidden, shape.num_heads, shape.num_kv_heads, shape.head_dim,
             shape.intermediate, 0, self.element_bytes, self.scale, self.is_bf16,
+            shape.post_norms, shape.qk_norm_whole,
         )  # fmt: skip
         self.weights = (cpu_layer_loop.LayerWeights * len(layers))(*(
             cpu_layer_loop.LayerWeights(
-                p.input_norm, p.post_attention_norm, p.qkv, p.o, p.gate_up, p.down, p.qkv_bias,
-                p.o_bias, p.q_norm, p.k_norm, None, None, 0, *layer_eps, p.head_norm_eps,
-                p.rotates,
+                p.attention_norm, p.mlp_norm, p.qkv, p.o, p.gate_up, p.down, p.qkv_bias,
+                p.o_bias, p.q_norm, p.k_norm, None, None, 0, p.attention_eps, p.mlp_eps,
+                p.head_norm_eps, p.rotates,
             )
-            for p, layer_eps in zip(layers, eps, strict=True)
+            for p in layers
         ))  # fmt: skip
 
     def _loop_kernels(self) -> cpu_layer_loop.LayerKernels:
@@ -279,7 +307,8 @@ class CpuFusedForward:
             None if fused else address(self.product[s.hidden]),
             address(self.swiglu) if fused else None,
             None if fused else address(self.silu_and_mul),
-            address(self.norm), address(cpu_rms_norm.load().rms_norm_heads),
+            address(self.norm), address(self.norm_add),
+            address(cpu_rms_norm.load().rms_norm_heads),
             address(cpu_rotary.load().rotate_in_place),
             address(cpu_kv_write.load().write_kv_rows),
             address(cpu_paged_attention.load().paged_attention),
@@ -288,8 +317,8 @@ class CpuFusedForward:
     @classmethod
     def build(cls, model: BaseCausalLM) -> CpuFusedForward | None:
         """The fused forward of `model`, or None where it does not apply."""
-        # the Llama layer's ops, Qwen3's q/k norms and SmolLM3's NoPE layers among them (a
-        # subclass may change any step)
+        # the Llama layer's ops, Qwen3's q/k norms, SmolLM3's NoPE layers and OLMo 2's
+        # post-norms among them (a subclass may change any step)
         if type(model) not in FUSED_ARCHITECTURES:
             return None
         if any(spec.sliding_window is not None for spec in model.kv_cache_specs()):
@@ -312,11 +341,13 @@ class CpuFusedForward:
             num_kv_heads=first.num_kv_heads,
             head_dim=first.head_dim,
             intermediate=model.layers[0].mlp.gate_up_proj.weight.shape[0] // 2,
+            post_norms=type(model.layers[0]) is Olmo2DecoderLayer,
+            qk_norm_whole=first.q_norm is not None and not first.norm_each_head,
         )
         if not _kernels_ready(shape, embed.dtype):
             return None
-        layers = [_layer_pointers(layer, embed.dtype) for layer in model.layers]
-        if any(p is None for p in layers):
+        layers = [_layer_pointers(x, embed.dtype, shape.qk_norm_whole) for x in model.layers]
+        if any(p is None for p in layers) or len({type(x) for x in model.layers}) != 1:
             return None
         return cls(model, shape, layers, embed.dtype)  # type: ignore[arg-type]
 
@@ -391,7 +422,9 @@ class CpuFusedForward:
         rows = num_tokens if keep is None else keep.numel()  # the first rows of out, residual
         final = torch.empty(rows, s.hidden, dtype=self.dtype)
         norm = self.model.norm
-        self._norm(out.data_ptr(), residual.data_ptr(), residual.data_ptr(), final.data_ptr(),
+        # pre-norm: the norm of out + residual; post-norm: out is the stream itself
+        last_residual = None if s.post_norms else residual.data_ptr()
+        self._norm(out.data_ptr(), last_residual, residual.data_ptr(), final.data_ptr(),
                    norm.weight.data_ptr(), rows, norm.eps)  # fmt: skip
         if keep is None:
             return final

@@ -69,13 +69,13 @@ def assert_greedy_unchanged(engine: LLMEngine) -> None:
     assert "Paris" in with_fused[0].text
 
 
-def assert_logit_rows_keep_their_bits(fused, caches) -> None:
+def assert_logit_rows_keep_their_bits(fused, caches, vocab: int = 49152) -> None:
     """Through `fused` with `logit_rows` (as the runner passes the rows it samples from, in
     any order): those rows are the bits of the full pass, every other row is zero where the
     pass takes the step (the modules' steps compute all rows), and the caches are the same
     bits (each row's keys and values are written in the last layer too). A step with no such
     rows (a chunk that does not end its prompt) gives zeros."""
-    steps = two_steps(49152, 20)
+    steps = two_steps(vocab, 20)
     full_caches = [(k.clone(), v.clone()) for k, v in caches]
     picks = [torch.tensor([28, 19]), torch.tensor([6, 4, 5, 7, 8, 9])]  # last rows, drafts
     with torch.inference_mode():

@@ -1,8 +1,9 @@
 """The CPU fused forward pass of the Llama layer's variants: attention biases (Qwen2's q/k/v,
 Llama's `attention_bias` on q/k/v and o), added inside the products as the modules add them,
 Qwen3's RMSNorm of each query and key head, normed in the qkv rows as the modules norm
-them, and SmolLM3's layers without rotary embedding; the pass and the modules give the same
-bits, in bf16 and in float32. The parameters that set each apart are random and are shown to
+them, SmolLM3's layers without rotary embedding, and OLMo 2's and EXAONE 4's post-norm
+layers (with q/k norms over the whole projection, or of each head); the pass and the modules
+give the same bits, in bf16 and in float32. The parameters that set each apart are random and are shown to
 matter (a zero bias or a unit norm weight would pass without being applied), as is each
 layer's rotating or not."""
 
@@ -19,6 +20,7 @@ from pagedserve.shared.config import CacheConfig, SchedulerConfig
 from tests.fixtures.tiny_models import build_tiny_model
 from tests.unit.gpu_worker.fused_forward_checks import (
     BLOCK_SIZE,
+    assert_logit_rows_keep_their_bits,
     assert_the_modules_bits,
     run_steps,
     two_steps,
@@ -171,3 +173,65 @@ def test_ernie4_5_is_a_llama_model_to_the_pass(dtype, tmp_path, monkeypatch):
     model = engine.runner.model
     assert isinstance(engine.runner.forward_pass, CpuFusedForward)
     assert_the_modules_bits(engine, two_steps(model.config.vocab_size, 20), dtype)
+
+
+# OLMo 2: q/k norms over the whole projection; EXAONE 4 without a window: of each head
+POST_NORM_ARCHS = {"olmo2": {}, "exaone4": {"sliding_window": None, "head_dim": 64}}
+
+
+@pytest.fixture(params=[(a, d) for a in POST_NORM_ARCHS for d in DTYPES], ids=lambda p: p[0])
+def post_norm_engine(request, tmp_path, monkeypatch) -> LLMEngine:
+    arch, dtype = request.param
+    layers = dict(num_hidden_layers=3, layer_types=["full_attention"] * 3)
+    model_dir = build_tiny_model(tmp_path, arch, **SHAPE, **layers, **POST_NORM_ARCHS[arch])
+    return make_engine(model_dir, dtype.values[0], monkeypatch)
+
+
+def test_post_norm_layers_go_through_the_pass_with_the_modules_bits(post_norm_engine):
+    """Each norm after its branch, the q/k norms as the model has them, the last layer's rows
+    cut to the sampled ones as in Llama's layer."""
+    engine = post_norm_engine
+    model, fused = engine.runner.model, engine.runner.forward_pass
+    assert isinstance(fused, CpuFusedForward)
+    whole = model.config.model_type == "olmo2"
+    assert fused.shape.post_norms and fused.shape.qk_norm_whole == whole
+    assert model.layers[0].self_attn.q_norm.weight.shape[0] == (256 if whole else 64)
+    vocab = model.config.vocab_size
+    assert_the_modules_bits(engine, two_steps(vocab, 20), model.embed_tokens.weight.dtype)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+    assert_logit_rows_keep_their_bits(fused, caches, vocab)
+
+
+def test_each_post_norm_is_applied(post_norm_engine):
+    """With any one of a layer's four norm weights made all ones, the pass gives other
+    outputs, and still the modules' bits."""
+    engine = post_norm_engine
+    model, fused = engine.runner.model, engine.runner.forward_pass
+    steps = two_steps(model.config.vocab_size, 20)
+    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
+
+    def both():
+        copies = [[(k.clone(), v.clone()) for k, v in caches] for _ in range(2)]
+        with torch.inference_mode():
+            return run_steps(fused, copies[0], steps), run_steps(model, copies[1], steps)
+
+    before, _ = both()
+    layer = model.layers[1]
+    norms = (layer.post_attention_layernorm, layer.post_feedforward_layernorm,
+             layer.self_attn.q_norm, layer.self_attn.k_norm)  # fmt: skip
+    for norm in norms:
+        kept = norm.weight.detach().clone()
+        with torch.no_grad():  # in place: the pass holds its address
+            norm.weight.fill_(1.0)
+        after, modules = both()
+        with torch.no_grad():
+            norm.weight.copy_(kept)
+        for a, b, m in zip(before, after, modules, strict=True):
+            assert not torch.equal(a, b) and torch.equal(b, m)
+
+
+def test_exaone4_with_window_layers_keeps_the_modules(tmp_path, monkeypatch):
+    """The C attention kernel has no window."""
+    model_dir = build_tiny_model(tmp_path, "exaone4", **SHAPE, head_dim=64)
+    engine = make_engine(model_dir, torch.float32, monkeypatch)
+    assert engine.runner.forward_pass is engine.runner.model
