@@ -3,9 +3,9 @@ Llama's `attention_bias` on q/k/v and o), added inside the products as the modul
 Qwen3's RMSNorm of each query and key head, normed in the qkv rows as the modules norm
 them, SmolLM3's layers without rotary embedding, and OLMo 2's and EXAONE 4's post-norm
 layers (with q/k norms over the whole projection, or of each head); the pass and the modules
-give the same bits, in bf16 and in float32. The parameters that set each apart are random and are shown to
-matter (a zero bias or a unit norm weight would pass without being applied), as is each
-layer's rotating or not."""
+give the same bits, in bf16 and in float32. The parameters that set each apart are random
+and are shown to matter (a zero bias or a unit norm weight would pass without being
+applied), as is each layer's rotating or not."""
 
 from __future__ import annotations
 
