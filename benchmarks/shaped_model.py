@@ -39,6 +39,19 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-6, tie_word_embeddings=True, max_position_embeddings=65536,
         no_rope_layer_interval=4,
     ),
+    # post-norm layers, q/k norms over the whole projection
+    "olmo2-1b": dict(
+        model_type="olmo2", hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, rope_theta=500000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=False, max_position_embeddings=4096,
+    ),
+    # post-norm layers, q/k norms of each head, every layer full attention (no window)
+    "exaone4-1.2b": dict(
+        model_type="exaone4", hidden_size=2048, intermediate_size=4096, num_hidden_layers=30,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, rope_theta=1000000.0,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, max_position_embeddings=65536,
+        sliding_window=None, layer_types=["full_attention"] * 30,
+    ),
 }  # fmt: skip
 TOKENIZER_FILES = (
     "tokenizer.json",
