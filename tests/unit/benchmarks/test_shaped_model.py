@@ -53,3 +53,20 @@ def test_smollm3s_shape_writes_a_model_with_its_nope_layers(tmp_path, monkeypatc
     assert [layer.self_attn.use_rope for layer in model.layers] == [True, True, True, False] * 2
     result = engine.generate(["Hello"], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert len(result.token_ids) == 4
+
+
+@pytest.mark.parametrize(("name", "architecture"), [
+    ("olmo2-1b", "Olmo2ForCausalLM"), ("exaone4-1.2b", "Exaone4ForCausalLM"),
+])  # fmt: skip
+def test_the_post_norm_shapes_write_full_attention_models(
+    name, architecture, tmp_path, monkeypatch
+):
+    """OLMo 2's and EXAONE 4's shapes: no window, every layer rotating (EXAONE 4's full
+    layers rotate only without a window), so the CPU fused pass can take them."""
+    two_layers = {**shaped_model.SHAPES[name], "layer_types": ["full_attention"] * 2}
+    monkeypatch.setitem(shaped_model.SHAPES, name, two_layers)
+    _, engine = write_small(name, 2, tmp_path, monkeypatch)
+    model = engine.runner.model
+    assert type(model).__name__ == architecture
+    assert [spec.sliding_window for spec in model.kv_cache_specs()] == [None, None]
+    assert all(layer.self_attn.use_rope for layer in model.layers)
