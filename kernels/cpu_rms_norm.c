@@ -94,6 +94,15 @@ int add_rms_norm(const void *x, const void *residual, void *sum_out, void *out,
     return 0;
 }
 
+/* One row of rms_norm_add; is_bf16 a constant where inlined, as in norm_row. */
+static inline __attribute__((always_inline)) void norm_add_row(
+    const void *x, const void *residual, void *out, const void *weight, int64_t hidden,
+    float eps, const int is_bf16, float *restrict sum, void *restrict normed) {
+    norm_row(x, 0, 0, normed, weight, hidden, eps, is_bf16, sum);
+    for (int64_t j = 0; j < hidden; j++)
+        store(out, j, load(residual, j, is_bf16) + load(normed, j, is_bf16), is_bf16);
+}
+
 /* residual + RMSNorm(x) * weight, row by row (see the top); out may be residual itself.
  * Returns 0, or -1 if hidden is too large for the row buffer. */
 int rms_norm_add(const void *x, const void *residual, void *out, const void *weight,
@@ -110,12 +119,9 @@ int rms_norm_add(const void *x, const void *residual, void *out, const void *wei
         const void *residual_row = (const char *)residual + offset;
         void *out_row = (char *)out + offset;
         if (is_bf16)
-            norm_row(x_row, 0, 0, normed, weight, hidden, eps, 1, sum);
+            norm_add_row(x_row, residual_row, out_row, weight, hidden, eps, 1, sum, normed);
         else
-            norm_row(x_row, 0, 0, normed, weight, hidden, eps, 0, sum);
-        for (int64_t j = 0; j < hidden; j++)
-            store(out_row, j, load(residual_row, j, is_bf16) + load(normed, j, is_bf16),
-                  is_bf16);
+            norm_add_row(x_row, residual_row, out_row, weight, hidden, eps, 0, sum, normed);
     }
     return 0;
 }
@@ -123,9 +129,9 @@ int rms_norm_add(const void *x, const void *residual, void *out, const void *wei
 /* RMSNorm of each head of strided rows, in place: `rows` rows `row_stride` elements apart,
  * each starting with `heads` heads of `head_dim` elements (a qkv product's query or key heads,
  * as Qwen3 norms them before the rotary embedding; OLMo 2 norms the whole projection, one
- * "head" of every head's width), each head normed with one weight
- * [head_dim] as add_rms_norm norms a row without residual, so the bits are the same as
- * add_rms_norm's on a contiguous copy of the heads. Returns 0, or -1 if head_dim is too
+ * "head" of every head's width), each head normed with one weight [head_dim] as add_rms_norm
+ * norms a row without residual, so the bits are the same as add_rms_norm's on a contiguous
+ * copy of the heads. Returns 0, or -1 if head_dim is too
  * large for the row buffer. */
 int rms_norm_heads(void *x, int64_t rows, int64_t row_stride, int64_t heads, int64_t head_dim,
                    const void *weight, float eps, int is_bf16) {

@@ -349,7 +349,7 @@ class CpuFusedForward:
         layers = [_layer_pointers(x, embed.dtype, shape.qk_norm_whole) for x in model.layers]
         if any(p is None for p in layers) or len({type(x) for x in model.layers}) != 1:
             return None
-        return cls(model, shape, layers, embed.dtype)  # type: ignore[arg-type]
+        return cls(model, shape, layers, embed.dtype)
 
     def takes(self, num_tokens: int) -> bool:
         return 0 < num_tokens <= self.max_rows
