@@ -95,9 +95,9 @@ def test_the_pass_gives_the_modules_bits(engine):
     assert_the_modules_bits(engine, steps, model.embed_tokens.weight.dtype)
 
 
-def test_what_sets_the_layers_apart_is_applied(engine):
-    """With the biases zeroed (or the q/k norm weights all ones) the pass gives other
-    outputs, and still the modules' bits."""
+def through_both(engine: LLMEngine):
+    """A function that runs two steps through the engine's pass and through its modules, from
+    the same random caches each call: (the pass's outputs, the modules')."""
     model, fused = engine.runner.model, engine.runner.forward_pass
     steps = two_steps(model.config.vocab_size, 20)
     caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
@@ -107,6 +107,13 @@ def test_what_sets_the_layers_apart_is_applied(engine):
         with torch.inference_mode():
             return run_steps(fused, copies[0], steps), run_steps(model, copies[1], steps)
 
+    return both
+
+
+def test_what_sets_the_layers_apart_is_applied(engine):
+    """With the biases zeroed (or the q/k norm weights all ones) the pass gives other
+    outputs, and still the modules' bits."""
+    model, both = engine.runner.model, through_both(engine)
     before, _ = both()
     with torch.no_grad():
         for param in distinctive(model):
@@ -205,18 +212,9 @@ def test_post_norm_layers_go_through_the_pass_with_the_modules_bits(post_norm_en
 def test_each_post_norm_is_applied(post_norm_engine):
     """With any one of a layer's four norm weights made all ones, the pass gives other
     outputs, and still the modules' bits."""
-    engine = post_norm_engine
-    model, fused = engine.runner.model, engine.runner.forward_pass
-    steps = two_steps(model.config.vocab_size, 20)
-    caches = [(torch.randn_like(k), torch.randn_like(v)) for k, v in engine.runner.kv_caches]
-
-    def both():
-        copies = [[(k.clone(), v.clone()) for k, v in caches] for _ in range(2)]
-        with torch.inference_mode():
-            return run_steps(fused, copies[0], steps), run_steps(model, copies[1], steps)
-
+    both = through_both(post_norm_engine)
     before, _ = both()
-    layer = model.layers[1]
+    layer = post_norm_engine.runner.model.layers[1]
     norms = (layer.post_attention_layernorm, layer.post_feedforward_layernorm,
              layer.self_attn.q_norm, layer.self_attn.k_norm)  # fmt: skip
     for norm in norms:
