@@ -88,6 +88,8 @@ def _branch_norms(layer: torch.nn.Module) -> tuple[RMSNorm, RMSNorm] | None:
 def layer_pointers(
     layer: PreNormDecoderLayer | Olmo2DecoderLayer, dtype: torch.dtype, qk_norm_whole: bool
 ) -> LayerPointers | None:
+    """The layer as the C loop takes it, or None where the loop does not compute it (see the
+    top). `qk_norm_whole`: the model's q/k norms span the whole projection (OLMo 2)."""
     attn, mlp = layer.self_attn, layer.mlp
     branch_norms = _branch_norms(layer)
     if branch_norms is None or any(type(n) is not RMSNorm for n in branch_norms):
