@@ -20,7 +20,7 @@ KERNEL = cpu_build.CKernel(
 load = KERNEL.loader()
 DTYPES = (torch.float32, torch.bfloat16)
 MAX_HIDDEN = 1 << 14  # the C row buffer's size
-MAX_HEAD = 1 << 14  # the most head_dim rms_norm_heads takes (OLMo 2: a whole projection)
+MAX_HEAD = MAX_HIDDEN  # the most head_dim rms_norm_heads takes (OLMo 2: a whole projection)
 
 
 def supports(x: torch.Tensor, weight: torch.Tensor, residual: torch.Tensor | None = None) -> bool:

@@ -68,7 +68,7 @@ from pagedserve.services.gpu_worker.models.ernie4_5 import Ernie4_5ForCausalLM
 from pagedserve.services.gpu_worker.models.exaone4 import Exaone4ForCausalLM
 from pagedserve.services.gpu_worker.models.interface import BaseCausalLM
 from pagedserve.services.gpu_worker.models.llama import LlamaForCausalLM
-from pagedserve.services.gpu_worker.models.olmo2 import Olmo2DecoderLayer, Olmo2ForCausalLM
+from pagedserve.services.gpu_worker.models.olmo2 import Olmo2ForCausalLM
 from pagedserve.services.gpu_worker.models.qwen3 import Qwen3ForCausalLM
 from pagedserve.services.gpu_worker.models.smollm3 import SmolLM3ForCausalLM
 from pagedserve.services.gpu_worker.parallel_state import get_tp_world_size
@@ -205,19 +205,11 @@ class CpuFusedForward:
             or model.rotary.cos.dtype != torch.float32  # the rotary kernel's angles
         ):
             return None
-        shape = PassShape(
-            hidden=embed.shape[1],
-            num_heads=first.num_heads,
-            num_kv_heads=first.num_kv_heads,
-            head_dim=first.head_dim,
-            intermediate=model.layers[0].mlp.gate_up_proj.weight.shape[0] // 2,
-            post_norms=type(model.layers[0]) is Olmo2DecoderLayer,
-            qk_norm_whole=first.q_norm is not None and not first.norm_each_head,
-        )
+        shape = PassShape.of(model)
         if not _kernels_ready(shape, embed.dtype):
             return None
-        layers = [layer_pointers(x, embed.dtype, shape.qk_norm_whole) for x in model.layers]
-        if any(p is None for p in layers) or len({type(x) for x in model.layers}) != 1:
+        layers = [layer_pointers(x, embed.dtype, shape) for x in model.layers]
+        if any(p is None for p in layers):
             return None
         return cls(model, shape, layers, embed.dtype)
 

@@ -55,6 +55,22 @@ class PassShape:
     post_norms: bool = False  # OLMo 2's layers: a norm after each branch
     qk_norm_whole: bool = False  # OLMo 2's q/k norms: over the whole projection, not each head
 
+    @classmethod
+    def of(cls, model: torch.nn.Module) -> PassShape:
+        """The shape of `model`'s layers, read from its first (`layer_pointers` holds every
+        layer to it)."""
+        first = model.layers[0]
+        attn = first.self_attn
+        return cls(
+            hidden=model.embed_tokens.weight.shape[1],
+            num_heads=attn.num_heads,
+            num_kv_heads=attn.num_kv_heads,
+            head_dim=attn.head_dim,
+            intermediate=first.mlp.gate_up_proj.weight.shape[0] // 2,
+            post_norms=type(first) is Olmo2DecoderLayer,
+            qk_norm_whole=attn.q_norm is not None and not attn.norm_each_head,
+        )
+
     @property
     def qkv_width(self) -> int:
         return (self.num_heads + 2 * self.num_kv_heads) * self.head_dim
@@ -75,28 +91,28 @@ def _panels(layer: torch.nn.Module, dtype: torch.dtype) -> torch.Tensor | None:
     return None
 
 
-def _branch_norms(layer: torch.nn.Module) -> tuple[RMSNorm, RMSNorm] | None:
+def _branch_norms(layer: torch.nn.Module, post_norms: bool) -> tuple[RMSNorm, RMSNorm] | None:
     """The attention branch's norm and the MLP branch's: before each (Llama's layer), or after
-    (OLMo 2's); None for any other layer."""
-    if type(layer) is PreNormDecoderLayer:
+    where `post_norms` (OLMo 2's); None for any other layer."""
+    if not post_norms and type(layer) is PreNormDecoderLayer:
         return layer.input_layernorm, layer.post_attention_layernorm
-    if type(layer) is Olmo2DecoderLayer:
+    if post_norms and type(layer) is Olmo2DecoderLayer:
         return layer.post_attention_layernorm, layer.post_feedforward_layernorm
     return None
 
 
 def layer_pointers(
-    layer: PreNormDecoderLayer | Olmo2DecoderLayer, dtype: torch.dtype, qk_norm_whole: bool
+    layer: PreNormDecoderLayer | Olmo2DecoderLayer, dtype: torch.dtype, shape: PassShape
 ) -> LayerPointers | None:
     """The layer as the C loop takes it, or None where the loop does not compute it (see the
-    top). `qk_norm_whole`: the model's q/k norms span the whole projection (OLMo 2)."""
+    top) or it is not of the model's `shape` (its norms' places, its q/k norms' span)."""
     attn, mlp = layer.self_attn, layer.mlp
-    branch_norms = _branch_norms(layer)
+    branch_norms = _branch_norms(layer, shape.post_norms)
     if branch_norms is None or any(type(n) is not RMSNorm for n in branch_norms):
         return None
     if not isinstance(mlp.act_and_mul, SiluAndMul):
         return None
-    head_norms = _head_norms(attn, dtype, qk_norm_whole)
+    head_norms = _head_norms(attn, dtype, shape.qk_norm_whole)
     if head_norms is None:
         return None
     if _bias(mlp.gate_up_proj) is not None or _bias(mlp.down_proj) is not None:
